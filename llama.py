@@ -1,0 +1,435 @@
+"""A from-scratch Llama / Qwen2 / Qwen3 decoder that reads Hugging Face checkpoints.
+
+References:
+  Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models"): GQA, SwiGLU, RMSNorm,
+      RoPE with the "llama3" frequency scaling.
+  Qwen2 (Yang et al. 2024): the same block with a bias on the q/k/v projections.
+  Qwen3 (Yang et al. 2025): no q/k/v bias, an RMSNorm over each head of q and k.
+  RoFormer (Su et al. 2021): rotary position embeddings, here in the rotate-half form.
+
+The model knows nothing of speculation. It takes token ids, their positions and a boolean
+mask over (cached + new) tokens, and returns logits plus whichever hidden states the caller
+asks for. Everything speculative lives in drafters.py and switchsd.py.
+
+KV cache geometry (batch 1). Slots [0, n) hold the committed context. A forward over T
+new tokens writes their keys/values into slots [n, n+T) and row i of `mask` (T, n+T) says
+which of those n+T slots token i may attend to. Afterwards all T rows count as cached;
+the caller keeps the rows it accepted with `cache.keep(n, rows)`, which packs them into
+slots [n, n+len(rows)); rows past the new length are dead and later overwritten.
+
+    slots:   0 ........ n-1 | n  n+1 ... n+T-1
+    row i:   prefix (all 1) | mask[:, n:] (causal, a tree, or W blocks)
+"""
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+
+# HF "architectures" entry -> what differs between the three families.
+ARCHITECTURES = {
+    "LlamaForCausalLM": dict(qkv_bias=False, qk_norm=False),
+    "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm=False),
+    "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm=True),
+}
+
+
+@dataclass
+class ModelArgs:
+    arch: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_seq_len: int
+    qkv_bias: bool
+    qk_norm: bool
+    tie_embeddings: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict, where: str = "config.json") -> "ModelArgs":
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{where}: unsupported architecture {arch!r} "
+                             f"(supported: {', '.join(ARCHITECTURES)})")
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "vocab_size"):
+            if key not in cfg:
+                raise ValueError(f"{where}: missing field {key!r}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{where}: unsupported hidden_act {cfg['hidden_act']!r} (only silu)")
+        if cfg.get("use_sliding_window"):
+            raise ValueError(f"{where}: use_sliding_window=true is not supported")
+        # Llama 3.1 files say rope_theta + rope_scaling; transformers >= 5 writes rope_parameters.
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"{where}: unsupported rope_scaling type {kind!r} (default, llama3)")
+        family = ARCHITECTURES[arch]
+        n_heads = cfg["num_attention_heads"]
+        return cls(
+            arch=arch,
+            dim=cfg["hidden_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+            ffn_dim=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"],
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", scaling.get("rope_theta", 10000.0)),
+            rope_scaling=scaling if kind == "llama3" else None,
+            max_seq_len=cfg.get("max_position_embeddings", 4096),
+            qkv_bias=cfg.get("attention_bias", family["qkv_bias"]),
+            qk_norm=family["qk_norm"],
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 like the reference code."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_frequencies(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/D), with Llama 3's piecewise rescaling when configured."""
+    D = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, D, 2).float() / D))  # float32, as HF
+    s = args.rope_scaling
+    if s:  # Llama 3.1: slow down low frequencies by `factor`, blend the middle band smoothly
+        factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = torch.where(medium, blended, scaled)
+    return inv
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        H, Hkv, D = args.n_heads, args.n_kv_heads, args.head_dim
+        self.H, self.Hkv, self.D = H, Hkv, D
+        self.q_proj = nn.Linear(args.dim, H * D, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.dim, Hkv * D, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.dim, Hkv * D, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(H * D, args.dim, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(D, args.norm_eps)
+            self.k_norm = RMSNorm(D, args.norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, layer):
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.H, self.D)
+        k = self.k_proj(x).view(T, self.Hkv, self.D)
+        v = self.v_proj(x).view(T, self.Hkv, self.D)
+        if hasattr(self, "q_norm"):  # Qwen3: per-head RMSNorm before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin  # (T, H, D)
+        k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
+        K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
+        y = F.scaled_dot_product_attention(q.transpose(0, 1), K, V, attn_mask=mask,
+                                           enable_gqa=self.H != self.Hkv)  # (H, T, D)
+        return self.o_proj(y.transpose(0, 1).reshape(T, self.H * self.D))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = MLP(args)
+
+
+class Inner(nn.Module):  # the HF "model." prefix: embeddings, blocks, final norm
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Inner(args)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+
+    @property
+    def device(self):
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self):
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, max_len: int) -> "KVCache":
+        return KVCache(self.args, max_len, self.dtype, self.device)
+
+    def forward(self, ids, pos, mask, cache, capture=(), logits_at=slice(None)):
+        """ids, pos: (T,) int64; mask: (T, cache.n + T) bool.
+
+        capture: (kind, layer) pairs, kind "attn" (the residual after the attention
+        sublayer), "mlp" (after the MLP sublayer) or "in" (the block's input).
+        logits_at: which of the T rows get logits (prefill needs one, feature passes none).
+        Returns logits (len(logits_at), V) in float32 and {(kind, layer): (T, dim)}.
+        """
+        x = self.model.embed_tokens(ids)  # (T, dim)
+        angles = pos[:, None].float() * self.inv_freq[None, :]  # (T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # (T, 1, D)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        hidden = {}
+        for i, block in enumerate(self.model.layers):
+            if ("in", i) in capture:
+                hidden["in", i] = x
+            x = x + block.self_attn(block.input_layernorm(x), cos, sin, mask, cache, i)
+            if ("attn", i) in capture:
+                hidden["attn", i] = x
+            x = x + block.mlp(block.post_attention_layernorm(x))
+            if ("mlp", i) in capture:
+                hidden["mlp", i] = x
+        cache.n += len(ids)
+        logits = self.lm_head(self.model.norm(x[logits_at])).float()
+        return logits, hidden
+
+    def fingerprint(self) -> str:
+        """A short hash of a few weights, stable across dtypes: names the checkpoint."""
+        h = hashlib.sha256()
+        for t in (self.model.embed_tokens.weight[:8], self.model.norm.weight,
+                  self.model.layers[0].self_attn.q_proj.weight[:4]):
+            h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    @classmethod
+    def from_pretrained(cls, folder, dtype=torch.bfloat16, device="cpu") -> "Model":
+        folder = Path(folder)
+        args = ModelArgs.from_config(read_json(folder / "config.json"), str(folder / "config.json"))
+        with torch.device("meta"):
+            model = cls(args)
+        tensors = load_safetensors(folder)
+        params = dict(model.named_parameters())
+        if args.tie_embeddings:
+            params.pop("lm_head.weight")
+        for name, p in params.items():
+            if name not in tensors:
+                raise ValueError(f"{folder}: weight {name!r} is missing from the checkpoint")
+            t = tensors[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
+                                 f"config.json implies {tuple(p.shape)}")
+            module, leaf = _parent(model, name)
+            setattr(module, leaf, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
+        if args.tie_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.inv_freq = rope_frequencies(args).to(device)
+        return model.eval()
+
+
+def _parent(root: nn.Module, name: str):
+    *path, leaf = name.split(".")
+    for p in path:
+        root = getattr(root, p)
+    return root, leaf
+
+
+class KVCache:
+    """Preallocated keys and values for batch 1: (n_layers, n_kv_heads, max_len, head_dim)."""
+
+    def __init__(self, args: ModelArgs, max_len: int, dtype, device):
+        shape = (args.n_layers, args.n_kv_heads, max_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.n = 0  # committed slots; a forward appends, keep/truncate shrink
+
+    def write(self, layer, k, v):
+        """Store (Hkv, T, D) new keys/values after slot n; return views of slots [0, n+T)."""
+        n, T = self.n, k.shape[1]
+        if n + T > self.k.shape[2]:
+            raise ValueError(f"KV cache full: {n} + {T} tokens > {self.k.shape[2]} slots")
+        self.k[layer, :, n:n + T] = k
+        self.v[layer, :, n:n + T] = v
+        return self.k[layer, :, :n + T], self.v[layer, :, :n + T]
+
+    def keep(self, start: int, rows):
+        """Keep rows start+r for r in `rows` (ascending) as slots start, start+1, ...; drop the rest."""
+        idx = torch.as_tensor(rows, device=self.k.device) + start
+        self.k[:, :, start:start + len(rows)] = self.k[:, :, idx]
+        self.v[:, :, start:start + len(rows)] = self.v[:, :, idx]
+        self.n = start + len(rows)
+
+    def truncate(self, n: int):
+        self.n = min(self.n, n)
+
+
+# ---------------------------------------------------------------------------------------
+# Masks: the model obeys any mask; these two shapes are what the decode loop needs.
+# ---------------------------------------------------------------------------------------
+
+def tree_mask(parents, n: int, device="cpu"):
+    """Mask and positions for new tokens arranged as a tree hanging off n cached tokens.
+
+    parents[i] is the index of token i's parent among the new tokens (-1: it follows the
+    cache directly). Token i sees the whole cache, itself and its ancestors; its position
+    is n + depth(i). A chain [-1, 0, 1, ...] gives the ordinary causal mask.
+    """
+    T = len(parents)
+    anc = torch.eye(T, dtype=torch.bool)
+    depth = [0] * T
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+            depth[i] = depth[p] + 1
+    mask = torch.cat([torch.ones(T, n, dtype=torch.bool), anc], dim=1)
+    return mask.to(device), (n + torch.tensor(depth)).to(device)
+
+
+def causal_mask(T: int, n: int, device="cpu"):
+    """The chain special case of tree_mask, without a Python loop (for long prefills)."""
+    mask = torch.ones(T, n + T, dtype=torch.bool).tril(n)
+    return mask.to(device), torch.arange(n, n + T, device=device)
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoint files
+# ---------------------------------------------------------------------------------------
+
+def read_json(path: Path) -> dict:
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path.parent}: no such model folder")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_safetensors(folder: Path) -> dict:
+    """All tensors of model.safetensors, or of the shards a model.safetensors.index.json names."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        files = sorted({folder / f for f in read_json(index)["weight_map"].values()})
+    else:
+        raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    tensors = {}
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: shard named in the index is missing")
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    tensors[k] = sf.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"{f}: unreadable safetensors file ({e})") from None
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer and chat formats
+# ---------------------------------------------------------------------------------------
+
+class Tokenizer:
+    """tokenizer.json through the `tokenizers` library, plus stop ids and a chat format.
+
+    Two chat formats are written out by hand (no jinja): ChatML (Qwen, SmolLM2) and the
+    Llama 3 header format. The default system prompt of a ChatML template, when it has
+    one, is read from tokenizer_config.json's chat_template.
+    """
+
+    def __init__(self, folder):
+        from tokenizers import Tokenizer as HFTokenizer
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: file not found")
+        self.tok = HFTokenizer.from_file(str(path))
+        cfg = read_json(folder / "config.json")
+        tcfg = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+        gcfg = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+        eos = gcfg.get("eos_token_id", cfg.get("eos_token_id"))
+        self.eos_ids = set([eos] if isinstance(eos, int) else eos or [])
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        if "<|im_start|>" in vocab:
+            self.chat_format = "chatml"
+            self.eos_ids.add(vocab["<|im_end|>"])
+            m = re.search(r"<\|im_start\|>system\\n(.*?)<\|im_end\|>", tcfg.get("chat_template") or "")
+            self.default_system = m.group(1) if m and "{{" not in m.group(1) else None
+        elif "<|start_header_id|>" in vocab:
+            self.chat_format = "llama3"
+            self.eos_ids.add(vocab["<|eot_id|>"])
+            self.default_system = None
+        else:
+            self.chat_format, self.default_system = None, None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=special).ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def chat(self, user: str, system: str | None = None) -> str:
+        """The prompt text for one user turn, ending where the assistant starts to write."""
+        system = system if system is not None else self.default_system
+        if self.chat_format == "chatml":
+            head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+            return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        if self.chat_format == "llama3":
+            turn = lambda role, text: f"<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
+            head = turn("system", system) if system else ""
+            return f"<|begin_of_text|>{head}{turn('user', user)}<|start_header_id|>assistant<|end_header_id|>\n\n"
+        raise ValueError("tokenizer.json: no known chat format (ChatML or Llama 3); use --no-chat")
+
+    def prompt_ids(self, text: str, chat: bool = True) -> list[int]:
+        return self.encode(self.chat(text), special=False) if chat else self.encode(text)

@@ -1,0 +1,535 @@
+"""Tests on tiny random models that the tests write as real checkpoint folders.
+
+Token identity is tested in float32: a batched verification pass in bf16 may flip a
+near-tied argmax, which is a property of bf16, not a bug (bench.py reports bf16 agreement).
+"""
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import llama
+import switchsd
+from drafters import CopyDrafter, CopySpec, PromptLookup, Tree
+
+HERE = Path(__file__).parent
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}...{% endfor %}{{ '<|im_start|>system\\nYou are a test."
+          "<|im_end|>\\n' }}")
+
+
+def write_tokenizer(folder: Path):
+    """A byte-level BPE with no merges: 256 byte tokens, then the ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    return tok.get_vocab_size()
+
+
+CONFIGS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=500000.0,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=64),
+                  tie_word_embeddings=False),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6,
+                  tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24,
+                  attention_bias=False, rope_theta=1e6, tie_word_embeddings=True),
+}
+
+
+def make_checkpoint(folder: Path, arch="qwen2", seed=0, scale=0.3, **overrides) -> Path:
+    """Write config.json, model.safetensors and a tokenizer for a tiny random model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
+               rms_norm_eps=1e-6, hidden_act="silu", eos_token_id=vocab - 1, bos_token_id=vocab - 3)
+    cfg.update(CONFIGS[arch], **overrides)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    args = llama.ModelArgs.from_config(cfg)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in llama.Model(args).state_dict().items()}
+    if args.tie_embeddings:
+        shapes.pop("lm_head.weight")
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.randn(s, generator=g) * (1.0 if k.endswith("norm.weight") else scale)
+               + (1.0 if k.endswith("norm.weight") else 0.0) for k, s in shapes.items()}
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def make_copying_checkpoint(folder: Path, seed=0, noise=0.01, vocab=32):
+    """A 2-layer Qwen2 model with a planted induction circuit, plus random noise.
+
+    Random tiny models almost never repeat themselves, so copy drafts would never be
+    accepted and the tests would not exercise acceptance. This one mostly predicts the
+    token that followed the most recent earlier occurrence of the current token: layer 0
+    has a previous-token head (rotary phases that peak at distance 1), layer 1 an
+    induction head (query: current token; key: previous token; a recency slope).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    V, dim, D = vocab, 128, 128
+    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=dim,
+               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=D, vocab_size=V, max_position_embeddings=512,
+               rms_norm_eps=1e-6, rope_theta=1e9, tie_word_embeddings=False, hidden_act="silu")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    args = llama.ModelArgs.from_config(cfg)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in llama.Model(args).state_dict().items()}
+    g = torch.Generator().manual_seed(seed)
+    w = {k: (torch.ones(s) if k.endswith("norm.weight") else noise * torch.randn(s, generator=g))
+         for k, s in shapes.items()}
+    theta = [1e6 ** (-2 * f / D) for f in range(D // 2)]
+    eye = torch.eye(V)
+    code = [D // 4 + v for v in range(V)]  # first components of slow rotary pairs
+    w["model.embed_tokens.weight"][:, :V] += eye  # dims 0..V-1: the current token
+    # Layer 0, head 0, attends to the previous token: q.k peaks at distance 1 using the
+    # high-frequency rotary pairs; a slow pair breaks the tie between distances 0 and 2.
+    p = "model.layers.0.self_attn."
+    for f in range(6):
+        w[p + "q_proj.bias"][f] += 200.0
+        w[p + "k_proj.bias"][f] += math.cos(theta[f])
+        w[p + "k_proj.bias"][f + D // 2] += math.sin(theta[f])
+    w[p + "q_proj.bias"][16] += 200.0
+    w[p + "k_proj.bias"][16 + D // 2] -= 70.0
+    w[p + "v_proj.weight"][:V, :V] += eye / math.sqrt(dim)
+    w[p + "o_proj.weight"][32:32 + V, :V] += eye  # dims 32..: the previous token
+    # Layer 1, head 0, the induction head: query = current token, key = previous token,
+    # with a recency slope; value = the token at that position, written to dims 64..
+    p = "model.layers.1.self_attn."
+    s = math.sqrt(dim / 2)
+    for v in range(V):
+        w[p + "q_proj.weight"][code[v], v] += 70000.0 / s
+        w[p + "k_proj.weight"][code[v], 32 + v] += 1.0 / s
+    w[p + "q_proj.bias"][16] += 35000.0
+    w[p + "k_proj.bias"][16 + D // 2] -= 1.0
+    w[p + "v_proj.weight"][:V, :V] += eye / s
+    w[p + "o_proj.weight"][64:64 + V, :V] += 10 * eye
+    w["lm_head.weight"][:, 64:64 + V] += eye
+    save_file(w, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2")
+    return llama.Model.from_pretrained(folder, torch.float32), folder
+
+
+@pytest.fixture(scope="module")
+def copier_model(tmp_path_factory):
+    return llama.Model.from_pretrained(make_copying_checkpoint(tmp_path_factory.mktemp("cp") / "m"),
+                                       torch.float32)
+
+
+def repetitive_prompts(n, V=32, seed=0):
+    """Prompts that repeat a block several times with mutations: the kappa-grams recur
+    with different continuations, so copy candidates disagree with each other."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(V) for _ in range(rng.randrange(12, 30))]
+        p = list(base)
+        for _ in range(rng.randrange(1, 4)):
+            cut = rng.randrange(len(base))
+            p += [rng.randrange(V)] + base[:cut] + [rng.randrange(V)] + base[cut + 1:]
+        out.append(p)
+    return out
+
+
+def full_logits(model, ids):
+    cache = model.new_cache(len(ids))
+    mask, pos = llama.causal_mask(len(ids), 0)
+    return model(torch.tensor(ids), pos, mask, cache)[0]
+
+
+def ar_reference(model, prompt, n):
+    """Greedy decoding by full recomputation: the ground truth every method must match."""
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(full_logits(model, ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
+# ---------------------------------------------------------------------------------------
+# llama.py
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_logits_match_transformers(arch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder = make_checkpoint(tmp_path / arch, arch)
+    ours = llama.Model.from_pretrained(folder, torch.float32)
+    ref, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ids = torch.randint(0, ours.args.vocab_size, (50,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ref(ids[None]).logits[0]
+        got = full_logits(ours, ids.tolist())
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_incremental_decoding_equals_full_forward(tiny):
+    model, _ = tiny
+    ids = torch.randint(0, 200, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    full = full_logits(model, ids)
+    cache = model.new_cache(64)
+    parts, start = [], 0
+    for T in (7, 1, 1, 5, 16):  # a prefill, single steps, and a multi-token chunk
+        mask, pos = llama.causal_mask(T, start)
+        parts.append(model(torch.tensor(ids[start:start + T]), pos, mask, cache)[0])
+        start += T
+    torch.testing.assert_close(torch.cat(parts), full, rtol=1e-4, atol=1e-4)
+
+
+def test_block_triangular_pass_equals_separate_passes(tiny):
+    model, _ = tiny
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 200, (12,), generator=g).tolist()
+    cands = [torch.randint(0, 200, (L,), generator=g).tolist() for L in (5, 3, 6)]
+    cands = [[100 + i] + c for i, c in enumerate(cands)]  # distinct first tokens: pure blocks
+    tree = Tree.trie(prefix[-1], cands)
+    assert len(tree) == 1 + sum(map(len, cands))
+    cache = model.new_cache(64)
+    mask, pos = llama.causal_mask(11, 0)
+    model(torch.tensor(prefix[:-1]), pos, mask, cache)
+    mask, pos = llama.tree_mask(tree.parents, cache.n)
+    # every block sees the prefix and its own earlier tokens, positions restart per block
+    assert pos.tolist() == [11] + [12 + j for c in cands for j in range(len(c))]
+    logits, _ = model(torch.tensor(tree.tokens), pos, mask, cache)
+    node = 1
+    for c in cands:
+        alone = full_logits(model, prefix + c)[len(prefix):]
+        torch.testing.assert_close(logits[node:node + len(c)], alone, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(logits[0], full_logits(model, prefix)[-1], rtol=1e-4, atol=1e-4)
+        node += len(c)
+
+
+def test_kv_compaction_equals_recomputation(tiny):
+    model, _ = tiny
+    prefix = list(range(40, 50))
+    tree = Tree.trie(prefix[-1], [[1, 2, 3], [1, 7, 8, 9], [5, 6]])  # shares the first token
+    cache = model.new_cache(64)
+    mask, pos = llama.causal_mask(9, 0)
+    model(torch.tensor(prefix[:-1]), pos, mask, cache)
+    mask, pos = llama.tree_mask(tree.parents, cache.n)
+    model(torch.tensor(tree.tokens), pos, mask, cache)
+    path = [0, 1, 4, 5]  # root, 1, 7, 8: the middle branch
+    assert [tree.tokens[i] for i in path] == [49, 1, 7, 8]
+    cache.keep(9, path)
+    assert cache.n == 13
+    mask, pos = llama.causal_mask(1, cache.n)
+    step = model(torch.tensor([9]), pos, mask, cache)[0][-1]
+    torch.testing.assert_close(step, full_logits(model, prefix + [1, 7, 8, 9])[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_hidden_state_capture(tiny):
+    model, _ = tiny
+    ids = list(range(60, 80))
+    cache = model.new_cache(32)
+    mask, pos = llama.causal_mask(len(ids), 0)
+    L = model.args.n_layers
+    cap = [("attn", 1), ("mlp", 1), ("in", 2), ("in", 0), ("mlp", L - 1)]
+    logits, hid = model(torch.tensor(ids), pos, mask, cache, capture=cap)
+    assert set(hid) == set(cap) and all(h.shape == (20, 64) for h in hid.values())
+    torch.testing.assert_close(hid["in", 2], hid["mlp", 1])  # a block's input is the last output
+    torch.testing.assert_close(hid["in", 0], model.model.embed_tokens(torch.tensor(ids)))
+    final = model.lm_head(model.model.norm(hid["mlp", L - 1]))
+    torch.testing.assert_close(final, logits)
+
+
+def test_tokenizer_and_chat_format(tiny):
+    _, folder = tiny
+    tok = llama.Tokenizer(folder)
+    text = "def f(x):\n    return x  # ünïcode ✓"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.chat("hi") == ("<|im_start|>system\nYou are a test.<|im_end|>\n"
+                              "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.prompt_ids("hi")
+    assert ids[0] == tok.tok.token_to_id("<|im_start|>") and ids.count(tok.tok.token_to_id("<|im_end|>")) == 2
+    assert tok.tok.token_to_id("<|im_end|>") in tok.eos_ids
+    tok.chat_format = "llama3"
+    assert tok.chat("hi", system="S") == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
+        llama.Model.from_pretrained(tmp_path / "nope")
+    folder = make_checkpoint(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="config.json: unsupported architecture 'GPT2LMHeadModel'"):
+        llama.Model.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 100}))
+    with pytest.raises(ValueError, match=r"'model.layers.0.mlp.gate_proj.weight' has shape \(128, 64\)"):
+        llama.Model.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        llama.Model.from_pretrained(folder)
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json: file not found"):
+        llama.Model.from_pretrained(folder)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json: file not found"):
+        llama.Tokenizer(folder)
+
+
+def test_sharded_checkpoint(tmp_path):
+    folder = make_checkpoint(tmp_path / "m")
+    from safetensors.torch import load_file
+    t = load_file(str(folder / "model.safetensors"))
+    keys = sorted(t)
+    save_file({k: t[k] for k in keys[::2]}, str(folder / "a.safetensors"))
+    save_file({k: t[k] for k in keys[1::2]}, str(folder / "b.safetensors"))
+    (folder / "model.safetensors").unlink()
+    wm = {k: "a.safetensors" if i % 2 == 0 else "b.safetensors" for i, k in enumerate(keys)}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    model = llama.Model.from_pretrained(folder, torch.float32)
+    torch.testing.assert_close(model.lm_head.weight, t["model.embed_tokens.weight"])
+
+
+# ---------------------------------------------------------------------------------------
+# The decode loop and the CLI
+# ---------------------------------------------------------------------------------------
+
+def test_ar_greedy_matches_recomputation(tiny):
+    model, _ = tiny
+    prompt = list(range(30, 45))
+    res = switchsd.generate(model, prompt, max_new_tokens=25)
+    assert res.output_ids == ar_reference(model, prompt, 25)
+    assert res.stop == "length" and len(res.steps) == 25
+
+
+def test_prompt_over_context_is_refused(tiny):
+    model, _ = tiny
+    with pytest.raises(ValueError, match="prompt is 600 tokens; the model's context is 512"):
+        switchsd.generate(model, [5] * 600)
+
+
+def test_generation_stops_at_context_limit(tiny):
+    model, _ = tiny
+    res = switchsd.generate(model, [5] * 500, max_new_tokens=50)
+    assert res.stop == "context" and len(res.output_ids) == 12
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(HERE / "switchsd.py"), *args],
+                          capture_output=True, text=True, cwd=HERE, timeout=300)
+
+
+def test_cli_end_to_end(tiny):
+    model, folder = tiny
+    r = run_cli("--model", str(folder), "--prompt", "hello", "--max-new-tokens", "12",
+                "--dtype", "float32", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("prompt_ids", "output_ids", "text", "new_tokens", "seconds",
+                "tokens_per_second", "target_forwards"):
+        assert key in out
+    tok = llama.Tokenizer(folder)
+    assert out["prompt_ids"] == tok.prompt_ids("hello")
+    assert out["output_ids"] == ar_reference(model, out["prompt_ids"], 12)[:len(out["output_ids"])]
+    assert out["text"] == tok.decode(out["output_ids"])
+    r = run_cli("--model", str(folder), "--prompt", "hello", "--max-new-tokens", "8",
+                "--temperature", "0.8", "--top-p", "0.9", "--no-chat")
+    assert r.returncode == 0, r.stderr
+    assert "tokens" in r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "/nonexistent/dir"], "/nonexistent/dir: no such model folder"),
+    (["--prompt-file", "/nonexistent.txt"], "/nonexistent.txt: No such file"),
+])
+def test_cli_errors(tiny, args, msg):
+    _, folder = tiny
+    base = {"--model": str(folder), "--prompt": "x"}
+    for k, v in zip(args[::2], args[1::2]):
+        base[k] = v
+    if "--prompt-file" in base:
+        base.pop("--prompt")
+    r = run_cli(*[x for kv in base.items() for x in kv])
+    assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# The copy path: retrieval, one-pass verification, PLD and CopySpec
+# ---------------------------------------------------------------------------------------
+
+def brute_candidates(ctx, kappa, width, depth):
+    key = ctx[-kappa:]
+    cands = []
+    for e in range(len(ctx) - 2, kappa - 2, -1):  # most recent earlier occurrence first
+        if ctx[e - kappa + 1:e + 1] == key:
+            c = ctx[e + 1:e + 1 + depth]
+            if c not in cands:
+                cands.append(c)
+    return cands[:width]
+
+
+def test_kgram_index_matches_brute_force():
+    rng = random.Random(0)
+    for trial in range(30):
+        kappa, width, depth = rng.randrange(1, 5), rng.randrange(1, 5), rng.randrange(1, 8)
+        d = CopyDrafter(kappa, width, depth)
+        ctx = []
+        for _ in range(120):  # grow the context one token at a time, as decoding does
+            ctx.append(rng.randrange(3 if trial % 2 else 6))
+            want = brute_candidates(ctx, kappa, width, depth) if len(ctx) >= kappa else []
+            assert d.matches(ctx) == bool(want)
+            tree = d.propose(ctx, depth)
+            got = [] if tree is None else tree_paths(tree)
+            assert sorted(got) == sorted(c for c in want if not any(
+                o != c and o[:len(c)] == c for o in want))  # a prefix of another is merged
+
+
+def tree_paths(tree):
+    """Root-to-leaf token lists of a Tree (without the root)."""
+    kids = {i for i in tree.parents if i >= 0}
+    paths = []
+    for leaf in (i for i in range(1, len(tree)) if i not in kids):
+        p, node = [], leaf
+        while node > 0:
+            p.append(tree.tokens[node])
+            node = tree.parents[node]
+        paths.append(p[::-1])
+    return paths
+
+
+def test_match_at_the_very_end_of_the_context():
+    d = CopyDrafter(kappa=3, width=4, depth=20)
+    ctx = [9, 1, 1, 1, 1]  # (1,1,1) ended one token ago: the continuation is just [1]
+    assert tree_paths(d.propose(ctx, 20)) == [[1]]
+    ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
+    assert tree_paths(CopyDrafter(3, 4, 20).propose(ctx, 20)) == [[8, 5, 6, 7]]
+    assert CopyDrafter(3, 4, 20).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
+
+
+def test_pld_and_copyspec_follow_their_papers():
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 40, 1, 2, 3]
+    assert PromptLookup().propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    short = [1, 2, 3, 9, 9, 1, 2, 3]  # a match without 10 following tokens is skipped
+    assert PromptLookup().propose(short, 20) is None
+    cs = CopySpec()
+    assert cs.propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # first occurrence
+    assert cs.propose(ctx + [77], 20) is None
+
+
+METHODS = [("pld", PromptLookup), ("copyspec", CopySpec), ("copy", CopyDrafter),
+           ("copy", lambda: CopyDrafter(kappa=2, width=3, depth=7))]
+
+
+def test_copy_methods_greedy_match_ar(copier_model, tiny):
+    taxed = accepted = partial = 0
+    for model, prompts in ((copier_model, repetitive_prompts(6)),
+                           (tiny[0], repetitive_prompts(2, V=200, seed=1))):
+        for prompt in prompts:
+            ref = switchsd.generate(model, prompt, max_new_tokens=50).output_ids
+            for method, make in METHODS:
+                res = switchsd.generate(model, prompt, method, make(), max_new_tokens=50)
+                assert res.output_ids == ref, method
+                copies = [s for s in res.steps if s.path == "copy"]
+                taxed += sum(s.accepted == 0 for s in copies)
+                accepted += sum(s.accepted for s in copies)
+                partial += sum(0 < s.accepted < s.drafted - 1 for s in copies)
+    assert taxed > 10 and accepted > 500 and partial > 10  # acceptance really was exercised
+
+
+def test_candidates_longer_than_the_budget(copier_model):
+    prompt = repetitive_prompts(1, seed=3)[0]
+    for n in (1, 2, 3, 7):
+        ref = switchsd.generate(copier_model, prompt, max_new_tokens=n).output_ids
+        res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(2, 4, 20), max_new_tokens=n)
+        assert res.output_ids == ref and len(ref) == n
+
+
+def test_copy_at_the_context_limit(copier_model):
+    prompt = (repetitive_prompts(1, seed=4)[0] * 30)[:500]  # the model's limit is 512
+    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40)
+    res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(2, 4, 20), max_new_tokens=40)
+    assert res.output_ids == ref.output_ids and len(ref.output_ids) == 12
+    assert res.stop == ref.stop == "context" and max(s.accepted for s in res.steps) > 1
+
+
+def test_eos_inside_a_candidate(copier_model):
+    prompt = repetitive_prompts(1, seed=5)[0]
+    free = switchsd.generate(copier_model, prompt, max_new_tokens=40).output_ids
+    eos = free[12]  # a token the model emits mid-run, most likely inside a copied span
+    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40, stop_ids={eos})
+    assert ref.stop == "eos" and ref.output_ids[-1] == eos
+    for method, make in METHODS:
+        res = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40, stop_ids={eos})
+        assert res.output_ids == ref.output_ids and res.stop == "eos"
+
+
+def draws_match(counts, p, n):
+    """Every frequency within 5 standard errors (+ a small floor) of its probability."""
+    for x, c in counts.items():
+        sd = math.sqrt(p.get(x, 0.0) * (1 - p.get(x, 0.0)) / n)
+        assert abs(c / n - p.get(x, 0.0)) < 5 * sd + 2e-3, (x, c / n, p.get(x, 0.0))
+
+
+def test_tree_acceptance_is_lossless():
+    """Sampling through a trie of copied candidates (and a drafted chain) emits tokens
+    with exactly the target's conditionals, however the drafts are chosen."""
+    V, g = 6, torch.Generator().manual_seed(0)
+    qs = [torch.softmax(torch.randn(V, generator=g), 0) for _ in range(2)]
+
+    def sps_chain():  # a neural draft: each token sampled from its q
+        return Tree.chain(0, [torch.multinomial(q, 1, generator=g).item() for q in qs], q=qs)
+
+    copied = Tree.trie(0, [[1, 2], [1, 3], [2, 4], [3]])  # root children 1, 2, 3; node 1 has 2, 3
+    for make in (lambda: copied, sps_chain):
+        logits = torch.randn(3, V, generator=g)  # a node's logits depend on its depth only here
+        target = [torch.softmax(l / 0.9, 0) for l in logits]
+        n, first, second = 20000, {}, {}
+        for _ in range(n):
+            t = make()
+            depth = [0] * len(t)
+            for i in range(1, len(t)):
+                depth[i] = depth[t.parents[i]] + 1
+            path, bonus = switchsd.accept(logits[depth], t, 0.9, 1.0, g)
+            toks = [t.tokens[i] for i in path] + [bonus]
+            first[toks[0]] = first.get(toks[0], 0) + 1
+            if path:  # the token after an accepted first node follows the depth-1 conditional
+                second[toks[1]] = second.get(toks[1], 0) + 1
+        draws_match(first, {x: target[0][x].item() for x in range(V)}, n)
+        m = sum(second.values())
+        assert m > 1000
+        draws_match(second, {x: target[1][x].item() for x in range(V)}, m)
+
+
+def test_copy_sampling_is_lossless_end_to_end(tmp_path):
+    """Through the whole loop: the first two sampled tokens, drawn with copy verification,
+    follow the target's joint distribution computed by enumeration (vocabulary of 8)."""
+    model = llama.Model.from_pretrained(make_checkpoint(tmp_path / "m", vocab_size=8, scale=0.5),
+                                        torch.float32)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3]
+    p1 = torch.softmax(full_logits(model, prompt)[-1], 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(model, prompt + [a])[-1], 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts = 3000, {}
+    for seed in range(n):
+        res = switchsd.generate(model, prompt, "copy", CopyDrafter(2, 3, 4), max_new_tokens=2,
+                                temperature=1.0, seed=seed)
+        key = tuple(res.output_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(s.path == "copy" for s in res.steps) > 0
+    draws_match(counts, joint, n)
