@@ -102,6 +102,18 @@ class ModelArgs:
 # The model
 # ---------------------------------------------------------------------------------------
 
+class Linear(nn.Linear):
+    """nn.Linear whose single-row case calls torch.mv: at batch 1 on CPU, bf16 matrix-vector
+    products run about 25% faster there than through the GEMM path (bench.py ar)."""
+
+    def forward(self, x):
+        if x.shape[0] != 1:
+            return super().forward(x)
+        if self.bias is None:
+            return torch.mv(self.weight, x[0])[None]
+        return torch.addmv(self.bias, self.weight, x[0])[None]
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 like the reference code."""
 
@@ -143,10 +155,10 @@ class Attention(nn.Module):
         super().__init__()
         H, Hkv, D = args.n_heads, args.n_kv_heads, args.head_dim
         self.H, self.Hkv, self.D = H, Hkv, D
-        self.q_proj = nn.Linear(args.dim, H * D, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.dim, Hkv * D, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.dim, Hkv * D, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(H * D, args.dim, bias=False)
+        self.q_proj = Linear(args.dim, H * D, bias=args.qkv_bias)
+        self.k_proj = Linear(args.dim, Hkv * D, bias=args.qkv_bias)
+        self.v_proj = Linear(args.dim, Hkv * D, bias=args.qkv_bias)
+        self.o_proj = Linear(H * D, args.dim, bias=False)
         if args.qk_norm:
             self.q_norm = RMSNorm(D, args.norm_eps)
             self.k_norm = RMSNorm(D, args.norm_eps)
@@ -161,9 +173,10 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
-        y = F.scaled_dot_product_attention(q.transpose(0, 1), K, V, attn_mask=mask,
-                                           enable_gqa=self.H != self.Hkv)  # (H, T, D)
-        return self.o_proj(y.transpose(0, 1).reshape(T, self.H * self.D))
+        # A leading batch dimension of 1 lets torch pick its fused CPU kernel (~4x faster).
+        y = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None],
+                                           attn_mask=mask, enable_gqa=self.H != self.Hkv)
+        return self.o_proj(y[0].transpose(0, 1).reshape(T, self.H * self.D))  # (1, H, T, D) -> (T, dim)
 
 
 class MLP(nn.Module):
@@ -171,9 +184,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        self.gate_proj = Linear(args.dim, args.ffn_dim, bias=False)
+        self.up_proj = Linear(args.dim, args.ffn_dim, bias=False)
+        self.down_proj = Linear(args.ffn_dim, args.dim, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -201,7 +214,7 @@ class Model(nn.Module):
         super().__init__()
         self.args = args
         self.model = Inner(args)
-        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
 
     @property
@@ -267,7 +280,10 @@ class Model(nn.Module):
                 raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
                                  f"config.json implies {tuple(p.shape)}")
             module, leaf = _parent(model, name)
-            setattr(module, leaf, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
+            # copy=True: the file is memory-mapped, and the kernel may drop mapped pages
+            # under memory pressure, which stalls a later decode step for a second.
+            t = t.to(device=device, dtype=dtype, copy=True)
+            setattr(module, leaf, nn.Parameter(t, requires_grad=False))
         if args.tie_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_frequencies(args).to(device)
@@ -301,6 +317,9 @@ class KVCache:
 
     def keep(self, start: int, rows):
         """Keep rows start+r for r in `rows` (ascending) as slots start, start+1, ...; drop the rest."""
+        if list(rows) == list(range(len(rows))):  # already in place (e.g. a chain's prefix)
+            self.n = start + len(rows)
+            return
         idx = torch.as_tensor(rows, device=self.k.device) + start
         self.k[:, :, start:start + len(rows)] = self.k[:, :, idx]
         self.v[:, :, start:start + len(rows)] = self.v[:, :, idx]

@@ -1,0 +1,479 @@
+"""Training data for SwitchSD's copy-intent probe.
+
+The probe reads the target's hidden state at completion token j and predicts Y_j = 1 iff
+token j lies inside a verbatim span of at least kappa = 5 tokens that occurred earlier in the
+context (prompt + completion so far). For both labels to be common, the target answers prompts
+whose good answers repeat parts of their own context: return the whole edited function,
+convert a table, quote a sentence, restate an equation at each step.
+
+The prompts are written here: no API call, nothing downloaded, no evaluation benchmark
+(HumanEval, MATH-500, CNN/DailyMail), only material that every machine with Python has:
+
+  code      functions of 8-40 lines from CPython's standard library sources, via `ast`
+  prose     /usr/share/common-licenses/* when present, the Python docs in
+            pydoc_data/topics.py, stdlib module, class and function docstrings
+  records   tables drawn by a seeded RNG; names from /usr/share/dict/words when present,
+            stdlib module names otherwise
+  math      polynomials and equations drawn by the same RNG
+
+Usage:
+    python data.py prompts [--n 1200] [--seed 0] [--out data/prompts.jsonl]
+"""
+import argparse
+import ast
+import json
+import platform
+import random
+import re
+import sys
+import sysconfig
+import textwrap
+from datetime import date
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+MAX_CHARS = 1400  # longest prompt: keeps a CPU target's prefill cheap
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "lib2to3", "ensurepip", "__pycache__"}
+LICENSES = Path("/usr/share/common-licenses")
+DICT_WORDS = Path("/usr/share/dict/words")
+FIRST_NAMES = ["Ana", "Bilal", "Chen", "Dara", "Elif", "Femi", "Greta", "Hugo", "Ines", "Jonas", "Kenji",
+               "Lena", "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Wen"]
+CITIES = ["Lisbon", "Nairobi", "Osaka", "Lima", "Oslo", "Pune", "Quito", "Tallinn", "Accra", "Hanoi",
+          "Porto", "Denver", "Leeds", "Bergen", "Cusco", "Perth"]
+NEW_NAMES = ["result", "item", "current", "buffer", "entry", "chunk", "total", "parts", "acc", "node",
+             "piece", "record", "elem", "target"]
+SWAPS = {"software": "program", "license": "licence", "function": "routine", "object": "item",
+         "value": "quantity", "may": "can", "must": "shall", "work": "creation", "copy": "duplicate",
+         "distribute": "share", "module": "package", "argument": "parameter", "returns": "gives back",
+         "statement": "instruction", "expression": "formula", "program": "application"}
+# (text, replacement): one operator flipped on purpose for the "fix the bug" prompts
+BUGS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" is None", " is not None"),
+        (" is not None", " is None"), (" + 1", " - 1"), (" - 1", " + 1"), (" and ", " or "), (" or ", " and ")]
+
+
+# ---------------------------------------------------------------------------------------
+# Material: functions, passages and words found on this machine
+# ---------------------------------------------------------------------------------------
+
+def _read(path):
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # an unreadable file is one source fewer, not a crash
+
+
+def _sentences(para):
+    return re.split(r'(?<=[.!?])\s+(?=[A-Z"(])', para)
+
+
+def _paragraphs(text):
+    """Prose paragraphs of 250-900 chars. Indented lines after the first are code: skip."""
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.strip("\n").splitlines()
+        if not lines or lines[0].startswith("   ") or any(l[:1].isspace() for l in lines[1:]):
+            continue
+        para = " ".join(l.strip() for l in lines)
+        plain = sum(c.isalnum() or c in " ,.;:'\"()-" for c in para)
+        if 250 <= len(para) <= 900 and plain > 0.97 * len(para) and para.endswith(".") \
+                and len(_sentences(para)) > 1:
+            yield para
+
+
+def _functions(rel, text, tree):
+    """Functions of 8-40 lines (docstring aside) in one file, with what the tasks need to know."""
+    lines, kinds = text.splitlines(), (ast.FunctionDef, ast.AsyncFunctionDef)
+    defs = [(n, n.name) for n in tree.body if isinstance(n, kinds)]
+    defs += [(n, f"{c.name}.{n.name}") for c in tree.body if isinstance(c, ast.ClassDef)
+             for n in c.body if isinstance(n, kinds)]
+    for node, qual in defs:
+        # = ast.get_source_segment(text, node, padded=True) dedented, without its rescan of the file
+        seg = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno])).splitlines()
+        nodoc = seg
+        if ast.get_docstring(node) is not None:
+            doc = node.body[0]
+            if len(node.body) < 2 or doc.lineno == node.lineno:
+                continue
+            nodoc = seg[:doc.lineno - node.lineno] + seg[doc.end_lineno - node.lineno + 1:]
+        code = "\n".join(seg)
+        if not 8 <= len(nodoc) <= 40 or len(code) > 1000 or max(map(len, seg)) > 100 or "\t" in code:
+            continue
+        args = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        args = [a for a in args if a not in ("self", "cls")]
+        stores = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        yield dict(source=f"stdlib:{rel}:{qual}", file=rel, qual=qual, name=node.name,
+                   module=rel[:-3].replace("/", ".").removesuffix(".__init__"),
+                   code=code, nodoc="\n".join(nodoc), method="." in qual, args=args,
+                   names=sorted(n for n in stores | set(args) if len(n) > 1),
+                   signature=f"def {node.name}({ast.unparse(node.args)}):")
+
+
+def load_material(seed=0, n_files=200, per_file=8):
+    """Everything the prompt generators draw from; deterministic given the seed and machine."""
+    rng = random.Random(seed)
+    files = sorted(p.relative_to(STDLIB).as_posix() for p in STDLIB.rglob("*.py")
+                   if not SKIP_DIRS & set(p.relative_to(STDLIB).parts[:-1]))
+    functions, passages = [], []
+    for rel in rng.sample(files, min(n_files, len(files))):
+        text = _read(STDLIB / rel)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, TypeError):  # TypeError: text is None
+            continue
+        found = list(_functions(rel, text, tree))
+        functions += rng.sample(found, min(per_file, len(found)))  # no file dominates
+        for node in ast.walk(tree):  # module, class and function docstrings
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"stdlib:{rel}:{getattr(node, 'name', 'module')} docstring"
+                passages += [(where, p) for p in _paragraphs(ast.get_docstring(node) or "")]
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        topics = {}
+    for name in sorted(topics):
+        passages += [(f"stdlib:pydoc_data/topics.py:topics[{name!r}]", p) for p in _paragraphs(topics[name])]
+    for path in sorted(LICENSES.glob("*")) if LICENSES.is_dir() else []:
+        passages += [(str(path), p) for p in _paragraphs(_read(path) or "")]
+    words = (_read(DICT_WORDS) or "").split()
+    words = sorted({w for w in words if w.isalpha() and w.islower() and 4 <= len(w) <= 9})
+    if len(words) < 200:  # no dictionary: stdlib module names read as short names too
+        mods = getattr(sys, "stdlib_module_names", [Path(f).stem for f in files])
+        words = sorted({w for w in mods if w.isalpha() and w.islower() and len(w) >= 3})
+    unique = {}  # GPL and GPL-3 (and others) are the same file: keep each paragraph once
+    for src, p in passages:
+        unique.setdefault(p, src)
+    passages = [(src, p) for p, src in unique.items()]
+    return dict(files=files, functions=functions, passages=passages, words=words)
+
+
+# ---------------------------------------------------------------------------------------
+# Prompt generators: each draws (source, prompt) from the material, or None if it cannot
+# ---------------------------------------------------------------------------------------
+
+# kind -> [(what the material must offer, ask)]. Every ask wants the material back, edited.
+TASKS = {
+    "code-edit": [
+        ("bug", "This function from `{file}` has a bug: one operator was changed. Fix it and return "
+                "the full corrected function."),
+        ("bug", "Find the bug in this function and show the whole function with the fix applied."),
+        ("local", "Rename the variable `{local}` to `{new}` and return the full function."),
+        ("append", "Convert the loop that builds a list into a list comprehension; show the full function."),
+        ("format", "Replace the old-style string formatting with f-strings. Show the complete function."),
+        ("arg", "Add a check at the top that raises TypeError if `{arg}` is None; return the whole function."),
+        ("method", "Turn this method into a module-level function whose first argument `obj` is the "
+                   "instance. Return the complete function."),
+        ("", "Add a `logging.debug` call at the start that logs the arguments. Return the full function."),
+        ("", "Refactor this function to use early returns where that helps; give the complete function.")],
+    "code-annotate": [
+        ("nodoc", "Add a docstring to this function. Return the whole function."),
+        ("nodoc", "Write a Google-style docstring for this function and show the function with it."),
+        ("", "Add type hints to the parameters and return value, changing nothing else. Show the function."),
+        ("nodoc", "Write `unittest` tests for this function. Repeat the function first, then the tests."),
+        ("nodoc", "Write pytest tests for `{name}` below. Start with `from {module} import {name}`."),
+        ("arg", "Rename the parameter `{arg}` to `{arg}_in` everywhere and return the function in full."),
+        ("local", "Rename every occurrence of `{local}` to `{new}` and show the renamed function.")],
+    "code-walkthrough": [
+        ("nodoc", "Go through this function line by line: quote each line, then explain it in one sentence."),
+        ("nodoc", "Add a short comment above each statement and return the commented function."),
+        ("nodoc", "Quote every line of this function that can raise an exception, exactly, and say why."),
+        ("nodoc", "Explain what `{name}` does. Quote the lines you refer to."),
+        ("nodoc", "Rewrite this function with a comment at the end of every line; keep the code unchanged.")],
+    "quote": [
+        ("", "Quote the last sentence of this passage exactly, then explain it in your own words."),
+        ("", "Copy the first two sentences below word for word, then summarize the rest in one line."),
+        ("unique", 'Quote the sentence that mentions "{unique}", word for word.'),
+        ("unique", 'Which sentence of this text talks about "{unique}"? Answer with the exact sentence.'),
+        ("unique", 'What does the passage say about "{unique}"? Answer with a direct quote, then explain.'),
+        ("common", 'Extract every sentence containing the word "{common}", verbatim, as a bulleted list.')],
+    "rewrite": [
+        ("swap", "Rewrite this paragraph replacing '{old}' with '{new}' everywhere, changing nothing else."),
+        ("swap", 'Repeat the text below, but use the word "{new}" instead of "{old}".'),
+        ("typos", "Correct the typos in this text and return the corrected text."),
+        ("typos", "Proofread the following paragraph. Give the fixed paragraph, then the words you changed."),
+        ("word", 'Return this paragraph with every "{word}" in bold (**{word}**), otherwise unchanged.'),
+        ("", "Repeat this paragraph with each sentence on its own numbered line."),
+        ("", "Print the sentences of this paragraph in reverse order, one per line.")],
+}
+
+
+def _pick(rng, kind, have):
+    """A task of this kind whose need the material meets, its ask filled in."""
+    need, ask = rng.choice([t for t in TASKS[kind] if t[0] == "" or have.get(t[0])])
+    return need, ask.format(**{k: v for k, v in have.items() if isinstance(v, str)})
+
+
+def _plant_bug(rng, code):
+    """Flip one operator outside strings and comments, or None if there is none to flip."""
+    lines = code.splitlines()
+    spots = [(i, a, b) for i, line in enumerate(lines[1:], 1) for a, b in BUGS
+             if a in line and not any(q in line for q in "'\"#")]
+    if not spots:
+        return None
+    i, a, b = rng.choice(spots)
+    return "\n".join(lines[:i] + [lines[i].replace(a, b, 1)] + lines[i + 1:])
+
+
+def _code(rng, m, kind):
+    f = rng.choice(m["functions"])
+    have = dict(f, bug=_plant_bug(rng, f["nodoc"]), local=rng.choice(f["names"] or [""]),
+                arg=rng.choice(f["args"] or [""]), new=rng.choice([n for n in NEW_NAMES if n not in f["code"]]),
+                append=re.search(r"for .*:\n\s+\w+\.append\(", f["code"]),
+                format=re.search(r"[\"'] % |\.format\(", f["code"]))
+    need, ask = _pick(rng, kind, have)
+    code = have[need] if need in ("bug", "nodoc") else rng.choice([f["code"], f["nodoc"]])
+    layout = rng.choice(["{0}\n\n```python\n{1}\n```", "```python\n{1}\n```\n\n{0}"])
+    return f["source"], layout.format(ask, code)
+
+
+def _typo(rng, word):
+    i = rng.randrange(1, len(word) - 2)  # first and last letters stay: still readable
+    return rng.choice([word[:i] + word[i + 1] + word[i] + word[i + 2:], word[:i] + word[i + 1:],
+                       word[:i] + word[i] + word[i:]])
+
+
+def _text(rng, m, kind):
+    src, para = rng.choice(m["passages"])
+    sents = _sentences(para)
+    words = sorted(set(re.findall(r"\b[a-z]{6,}\b", para)))
+    count = {w: sum(w in s for s in sents) for w in words}
+    typod = para
+    for w in rng.sample(words, min(len(words), rng.randint(2, 4))):
+        typod = re.sub(rf"\b{w}\b", _typo(rng, w), typod, count=1)
+    old = rng.choice([w for w in SWAPS if re.search(rf"\b{w}\b", para)] or [""])
+    have = dict(unique=rng.choice([w for w in words if count[w] == 1] or [""]),
+                common=rng.choice([w for w in words if count[w] > 1] or [""]),
+                word=rng.choice(words or [""]), swap=old, old=old, new=SWAPS.get(old, ""),
+                typos=typod if len(words) > 3 else "")
+    need, ask = _pick(rng, kind, have)
+    text = typod if need == "typos" else para
+    return src, rng.choice(["{0}\n\n{1}", "{1}\n\n{0}", '{0}\n\n"""\n{1}\n"""']).format(ask, text)
+
+
+def _records(rng, m):
+    """3-8 records of 3-6 fields; the first field names the record."""
+    draw = {"city": lambda k, n: rng.choice(CITIES), "price": lambda k, n: round(rng.uniform(1, 500), 2),
+            "quantity": lambda k, n: rng.randint(1, 60), "score": lambda k, n: rng.randint(0, 100),
+            "active": lambda k, n: rng.random() < 0.6, "tag": lambda k, n: rng.choice(m["words"]),
+            "date": lambda k, n: f"2023-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "email": lambda k, n: f"{n.lower()}@example.org", "id": lambda k, n: 100 + 7 * k}
+    first, fields = rng.choice(["name", "item", "service"]), rng.sample(sorted(draw), rng.randint(2, 5))
+    names = rng.sample(FIRST_NAMES if first == "name" else m["words"], rng.randint(3, 8))
+    return [{first: n, **{f: draw[f](k, n) for f in fields}} for k, n in enumerate(names)]
+
+
+def _render(rows, fmt):
+    fields = list(rows[0])
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "yaml":
+        val = lambda v: str(v).lower() if isinstance(v, bool) else v
+        return "\n".join(f"{'  ' if i else '- '}{f}: {val(r[f])}" for r in rows for i, f in enumerate(fields))
+    if fmt == "csv":  # no value holds a comma or a quote
+        return "\n".join([",".join(fields)] + [",".join(str(r[f]) for f in fields) for r in rows])
+    head = "| " + " | ".join(fields) + " |\n|" + "---|" * len(fields)
+    return head + "".join("\n| " + " | ".join(str(r[f]) for f in fields) + " |" for r in rows)
+
+
+def _format_convert(rng, m, kind):
+    a, b = rng.sample(["json", "yaml", "csv", "markdown"], 2)
+    name = {"json": "JSON", "yaml": "YAML", "csv": "CSV", "markdown": "a markdown table"}
+    ask = rng.choice([f"Convert this {name[a]} data to {name[b]}.",
+                      f"Rewrite the following as {name[b]}, keeping every value.",
+                      f"Here is some data as {name[a]}. Give me the same records as {name[b]}.",
+                      f"Turn this into {name[b]}, then list the first field of each record."])
+    data = _render(_records(rng, m), a)
+    return f"generated:records:{a}->{b}", f"{ask}\n\n```{'text' if a == 'markdown' else a}\n{data}\n```"
+
+
+def _table_edit(rng, m, kind):
+    rows, fmt = _records(rng, m), rng.choice(["csv", "markdown"])
+    fields = list(rows[0])
+    num = [f for f in fields if type(rows[0][f]) in (int, float)]  # bools aside
+    asks = [f"Reorder the columns to: {', '.join(rng.sample(fields, len(fields)))}. Output the whole table.",
+            f"Write one SQL INSERT statement per row of this table, into a table `{rng.choice(m['words'])}`.",
+            f"Drop the `{fields[-1]}` column and print the remaining table.",
+            "Write a CREATE TABLE statement for this data, then the INSERT statements for every row."]
+    asks += [f"Sort the rows by `{f}` in descending order and output the full table." for f in num[:1]]
+    asks += ["Keep only the rows where active is true, unchanged, in the same format."] * ("active" in fields)
+    if {"price", "quantity"} <= set(fields):
+        asks += ["Add a `total` column equal to price times quantity; output the table."]
+    return f"generated:records:{fmt}", f"{rng.choice(asks)}\n\n{_render(rows, fmt)}"
+
+
+def _poly(coefs):
+    """[3, 0, -2, 7] -> '3x^3 - 2x + 7'."""
+    out, deg = "", len(coefs) - 1
+    for k, c in enumerate(coefs):
+        p = deg - k
+        if c:
+            term = ("" if abs(c) == 1 and p else str(abs(c))) + ("x" if p == 1 else f"x^{p}" if p else "")
+            out += (" - " if c < 0 else " + ") + term if out else ("-" if c < 0 else "") + term
+    return out or "0"
+
+
+def _math(rng, m, kind):
+    r = lambda lo, hi: rng.choice([v for v in range(lo, hi + 1) if v])
+    task = rng.choice(["expand", "solve", "fractions", "evaluate", "derivative"])
+    p = _poly([r(-9, 9)] + [rng.randint(-9, 9) for _ in range(rng.randint(2, 4))])
+    if task == "expand":
+        e = f"({_poly([r(1, 6), r(-9, 9)])})({_poly([r(1, 5), r(-9, 9)])})"
+        asks = [f"Expand {e} and simplify. Show each step.", f"Multiply out {e} using FOIL, line by line."]
+    elif task == "solve":
+        x, a, b = r(-10, 10), r(-9, 9), r(-20, 20)
+        c = rng.choice([v for v in range(-9, 10) if v != a])
+        eq = f"{_poly([a, b])} = {_poly([c, (a - c) * x + b])}"  # solved by the integer x
+        asks = [f"Solve {eq} for x step by step, writing the equation again after each step.",
+                f"Solve the linear equation {eq}. Show your work and check the answer by substitution."]
+    elif task == "fractions":
+        qs = [Fraction(a, rng.randint(a + 1, 12)) for a in (r(1, 11) for _ in range(rng.randint(3, 5)))]  # < 1
+        items = ", ".join(f"{q.numerator * k}/{q.denominator * k}" for q in qs for k in [rng.randint(2, 9)])
+        asks = [f"Simplify each fraction, writing the answer as `a/b = c/d`: {items}",
+                f"Reduce these fractions to lowest terms, showing the common factor for each: {items}"]
+    elif task == "evaluate":
+        xs = ", ".join(map(str, sorted(rng.sample(range(-4, 6), rng.randint(3, 5)))))
+        asks = [f"Evaluate p(x) = {p} at x = {xs}. Show the substitution for each point.",
+                f"Make a table of p(x) = {p} for x = {xs}, writing out each substitution."]
+    else:
+        asks = [f"Differentiate f(x) = {p} term by term, stating the rule used for each term.",
+                f"Find f'(x) and f''(x) for f(x) = {p}. Restate f(x) first."]
+    return f"generated:math:{task}", rng.choice(asks)
+
+
+def _templates(rng, m, kind):
+    k, task = rng.randint(3, 6), rng.choice(["people", "stubs", "services", "categories", "messages"])
+    fs = rng.sample(m["functions"], k)
+    src = f"{fs[0]['source']} and {k - 1} more" if task in ("stubs", "categories") else f"generated:{task}"
+    if task == "people":
+        tpl = rng.choice(["Name: {name}\nAge: {age}\nCity: {city}\nStatus: pending review",
+                          "Dear {name},\nThanks for registering for the {city} meetup. We have you down as "
+                          "{age} years old; reply if that is wrong.\nBest regards,\nThe organizers"])
+        people = "\n".join(f"- {n}, {rng.randint(19, 70)}, {rng.choice(CITIES)}"
+                           for n in rng.sample(FIRST_NAMES, k))
+        return src, f"Fill in this template for each of the following people.\n\nTemplate:\n{tpl}\n\n" \
+                    f"People:\n{people}"
+    if task == "stubs":
+        return src, ("For each function signature listed, write a stub with the same signature, a one-line "
+                     "docstring and `raise NotImplementedError`.\n\n" + "\n".join(f["signature"] for f in fs))
+    if task == "services":
+        ex = rng.choice(['[service.NAME]\nimage = "registry.local/NAME:latest"\nport = PORT\nreplicas = N',
+                         'NAME:\n  image: registry.local/NAME:latest\n  ports:\n    - "PORT:PORT"\n'
+                         '  replicas: N'])
+        services = "\n".join(f"- {n}: port {rng.randrange(3000, 9000)}, replicas {rng.randint(1, 5)}"
+                             for n in rng.sample(m["words"], k))
+        return src, ("Generate the config block for each of these services, following the example.\n\n"
+                     f"Example:\n{ex}\n\nServices:\n{services}")
+    if task == "categories":
+        return src, ("Write a bulleted list repeating each of these names with its module as the category, "
+                     "as `- name (module)`.\n\n" + "\n".join(f"{f['module']}.{f['qual']}" for f in fs))
+    dates = ", ".join(f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}" for _ in range(k))
+    msg = (f"Hi {rng.choice(FIRST_NAMES)}, this is a reminder that your appointment at the "
+           f"{rng.choice(CITIES)} office is on DATE. Please bring your ID and arrive ten minutes early.")
+    return src, f"Write this message once for each date below, changing only the date.\n\n{msg}\n\n" \
+                f"Dates: {dates}"
+
+
+def _list_ops(rng, m, kind):
+    fs = rng.sample(m["functions"], rng.randint(5, 8))
+    src, names = f"{fs[0]['source']} and {len(fs) - 1} more", [f"{f['module']}.{f['qual']}" for f in fs]
+    task = rng.randrange(4)
+    if task == 0:
+        paths = "\n".join(rng.sample(m["files"], rng.randint(5, 10)))
+        return "stdlib:file names", f"Sort these file paths alphabetically, one per line.\n\n{paths}"
+    if task == 1:
+        rows = "\n".join(f"{n}: {rng.randint(1, 99)}" for n in names)
+        return src, f"Sort these lines by the number, highest first, otherwise unchanged.\n\n{rows}"
+    if task == 2:
+        names = rng.sample(names + rng.sample(names, 2), len(names) + 2)
+        return src, ("Remove the duplicates from this list, keeping the first occurrence of each, and print "
+                     f"the result as a Python list.\n\n{json.dumps(names)}")
+    names = "\n".join(names)
+    return src, f"Turn this list into a markdown checklist, one `- [ ]` per name, in reverse order.\n\n{names}"
+
+
+KINDS = {"code-edit": _code, "code-annotate": _code, "code-walkthrough": _code, "quote": _text,
+         "rewrite": _text, "format-convert": _format_convert, "table-edit": _table_edit, "math": _math,
+         "templates": _templates, "list-ops": _list_ops}
+
+
+def build_prompts(seed=0, n=1200):
+    """n prompts, spread evenly over KINDS. Each kind has its own RNG, so adding one changes no other."""
+    m = load_material(seed)
+    if not m["passages"] or not m["functions"]:
+        raise RuntimeError(f"no usable standard library sources under {STDLIB}")
+    prompts = []
+    for k, (kind, gen) in enumerate(KINDS.items()):
+        rng, seen, mine = random.Random(f"{seed}:{kind}"), set(), []
+        want = n // len(KINDS) + (k < n % len(KINDS))
+        for _ in range(100 * want):
+            if len(mine) == want:
+                break
+            got = gen(rng, m, kind)
+            if got and len(got[1]) <= MAX_CHARS and got[1] not in seen:
+                seen.add(got[1])
+                mine.append(dict(id=f"{kind}-{len(mine):05d}", kind=kind, split="train",
+                                 source=got[0], prompt=got[1]))
+        order = np.random.default_rng([seed, k]).permutation(len(mine))  # stratified 80/10/10
+        n_eval = round(0.1 * len(mine))
+        for rank, i in enumerate(order[:2 * n_eval]):
+            mine[i]["split"] = "val" if rank < n_eval else "test"
+        prompts += mine
+    return prompts
+
+
+def write_prompts(path="data/prompts.jsonl", manifest="data/manifest.json", seed=0, n=1200):
+    prompts = build_prompts(seed, n)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts)
+    kinds = {}
+    for p in prompts:
+        c = kinds.setdefault(p["kind"], {"train": 0, "val": 0, "test": 0, "sources": set()})
+        c[p["split"]] += 1
+        c["sources"].add(p["source"])
+    info = dict(n=len(prompts), seed=seed, python=platform.python_version(), stdlib=str(STDLIB),
+                date=date.today().isoformat(), total_chars=sum(len(p["prompt"]) for p in prompts),
+                splits={s: sum(p["split"] == s for p in prompts) for s in ("train", "val", "test")},
+                kinds={k: {**c, "sources": len(c["sources"])} for k, c in kinds.items()})
+    Path(manifest).parent.mkdir(parents=True, exist_ok=True)
+    Path(manifest).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
+
+
+def read_prompts(path):
+    """The rows of a jsonl file; a line that is not an object with a string "prompt" is an error."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise ValueError(f'{path}:{i}: expected a JSON object with a string "prompt"')
+            rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Data for SwitchSD's copy-intent probe.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prompts", help="write the prompt set and its manifest.json next to it")
+    p.add_argument("--n", type=int, default=1200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="data/prompts.jsonl")
+    args = ap.parse_args(argv)
+    if args.cmd == "prompts":
+        info = write_prompts(args.out, str(Path(args.out).with_name("manifest.json")), args.seed, args.n)
+        print(f"{info['n']} prompts, {info['total_chars']} chars -> {args.out} "
+              f"(sources: Python {info['python']} stdlib)")
+        for kind, c in info["kinds"].items():
+            print(f"  {kind:17s} train {c['train']:4d}  val {c['val']:3d}  test {c['test']:3d}  "
+                  f"sources {c['sources']}")
+
+
+if __name__ == "__main__":
+    main()
