@@ -458,6 +458,172 @@ def read_prompts(path):
     return rows
 
 
+# ---------------------------------------------------------------------------------------
+# Labels: Y_j = 1 iff token j lies in a verbatim repeat of >= kappa tokens
+# ---------------------------------------------------------------------------------------
+
+def copy_labels(ids, start: int, kappa: int = 5) -> np.ndarray:
+    """Y_j for the tokens ids[start:] (the completion; ids[:start] is the prompt).
+
+    A span of >= kappa tokens that occurred earlier is covered by kappa-token windows that
+    each occurred earlier (at the same offset), so Y_j = 1 iff some kappa-window containing
+    j starts at a, and the same window also starts at some a' < a. One pass with a rolling
+    hash (O(1) per window) finds those windows; hash hits are confirmed token by token.
+    """
+    n, M, B = len(ids), (1 << 61) - 1, 1_000_003
+    top = pow(B, kappa - 1, M)
+    starts: dict[int, list[int]] = {}  # hash -> start positions of distinct windows
+    cover = np.zeros(n + 1, dtype=np.int32)  # +1 at a window's start, -1 past its end
+    h = 0
+    for i, x in enumerate(ids):
+        if i >= kappa:
+            h = (h - (ids[i - kappa] + 1) * top) % M  # drop the token leaving the window
+        h = (h * B + x + 1) % M
+        a = i - kappa + 1
+        if a < 0:
+            continue
+        same = starts.setdefault(h, [])
+        if any(ids[b:b + kappa] == ids[a:i + 1] for b in same):
+            cover[a] += 1
+            cover[i + 1] -= 1
+        else:
+            same.append(a)
+    return (np.cumsum(cover)[start:n] > 0).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------
+# Completions: the target's own greedy answers, stored as token ids
+# ---------------------------------------------------------------------------------------
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def progress(i: int, n: int, t0: float, what: str):
+    """A one-line progress bar on stderr (no dependency)."""
+    import time
+    done = i / n if n else 1.0
+    spent = time.time() - t0
+    eta = spent / done - spent if done else 0
+    bar = "#" * int(30 * done)
+    print(f"\r{what} [{bar:30s}] {i}/{n} {spent / 60:.1f} min, eta {eta / 60:.1f} min",
+          end="\n" if i == n else "", file=sys.stderr, flush=True)
+
+
+def generate_completions(model, tok, prompts, out_path, max_new_tokens=160):
+    """Append the target's greedy completion of each prompt to out_path (JSON lines).
+
+    Resumable: prompts whose id is already in out_path are skipped. Decoding uses this
+    project's lossless copy-speculative path, which is token-identical to greedy decoding
+    and fast on exactly these prompts (their answers repeat their context).
+    """
+    import time
+    import switchsd
+    from drafters import CopyDrafter
+    out_path = Path(out_path)
+    done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
+    todo = [p for p in prompts if p["id"] not in done]
+    t0, new_tokens, seconds = time.time(), 0, 0.0
+    with open(out_path, "a") as f:
+        for i, p in enumerate(todo):
+            progress(i, len(todo), t0, f"completions ({new_tokens / max(seconds, 1e-9):.1f} tok/s)")
+            ids = tok.prompt_ids(p["prompt"])
+            res = switchsd.generate(model, ids, "copy", CopyDrafter(), max_new_tokens,
+                                    stop_ids=tok.eos_ids)
+            new_tokens += len(res.output_ids)
+            seconds += res.seconds
+            row = {k: p[k] for k in ("id", "kind", "split")}
+            f.write(json.dumps({**row, "prompt_ids": ids, "output_ids": res.output_ids,
+                                "seconds": round(res.seconds, 3)}) + "\n")
+            f.flush()
+    progress(len(todo), len(todo), t0, "completions")
+    if seconds:
+        print(f"{new_tokens} tokens in {seconds:.0f} s of decoding: {new_tokens / seconds:.2f} tok/s",
+              file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------
+# Features: every layer's residual stream at each completion token, as fp16 memmaps
+# ---------------------------------------------------------------------------------------
+
+def open_features(folder, kind: str, mode="r"):
+    """The (n_layers, n_tokens, dim) fp16 memmap of one position ("attn" or "mlp")."""
+    return np.lib.format.open_memmap(Path(folder) / f"{kind}.npy", mode=mode)
+
+
+def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp")):
+    """One forward pass per example; stores, for every layer, the residual after the
+    attention sublayer ("attn": what the probe reads) and after the MLP ("mlp": the
+    ablation), at each completion token, plus its label Y_j. Resumable per example.
+
+    Token j's features come from the position where j is the input, the state the decode
+    loop has in hand when it must decide how to draft what follows j.
+    """
+    import time
+    import torch
+    import llama
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    L, H = model.args.n_layers, model.args.dim
+    index = folder / "index.json"
+    if index.exists():
+        info = json.loads(index.read_text())
+        if info["ids"] != [c["id"] for c in completions]:
+            raise ValueError(f"{index}: made from other completions; use a new folder")
+    else:
+        offsets = np.cumsum([0] + [len(c["output_ids"]) for c in completions]).tolist()
+        info = {"ids": [c["id"] for c in completions], "splits": [c["split"] for c in completions],
+                "kinds": [c["kind"] for c in completions], "offsets": offsets, "done": 0,
+                "n_layers": L, "dim": H, "kappa": kappa, "fingerprint": model.fingerprint()}
+        for kind in kinds:
+            np.lib.format.open_memmap(folder / f"{kind}.npy", mode="w+", dtype=np.float16,
+                                      shape=(L, offsets[-1], H))
+        np.save(folder / "labels.npy", np.zeros(offsets[-1], dtype=np.uint8))
+        index.write_text(json.dumps(info))
+    maps = {kind: open_features(folder, kind, "r+") for kind in kinds}
+    labels = np.load(folder / "labels.npy")
+    capture = [(kind, l) for kind in kinds for l in range(L)]
+    t0 = time.time()
+    for i in range(info["done"], len(completions)):
+        progress(i, len(completions), t0, "features")
+        c = completions[i]
+        ids, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
+        a, b = info["offsets"][i], info["offsets"][i + 1]
+        mask, pos = llama.causal_mask(len(ids), 0)
+        with torch.inference_mode():
+            _, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)), capture,
+                           logits_at=slice(0, 0))
+        for kind in kinds:
+            for l in range(L):  # fp16 keeps the residual's range here (|x| < 65504 checked)
+                maps[kind][l, a:b] = hid[kind, l][P:].float().clamp(-65000, 65000).numpy()
+        labels[a:b] = copy_labels(ids, P, kappa)
+        if (i + 1) % 20 == 0 or i + 1 == len(completions):  # checkpoint for resuming
+            for m in maps.values():
+                m.flush()
+            np.save(folder / "labels.npy", labels)
+            info["done"] = i + 1
+            index.write_text(json.dumps(info))
+    progress(len(completions), len(completions), t0, "features")
+
+
+def subset(prompts, sizes: dict) -> list[dict]:
+    """The first sizes[split] prompts of each split, taking kinds in turn (stays balanced)."""
+    out = []
+    for split, n in sizes.items():
+        by_kind = {}
+        for p in prompts:
+            if p["split"] == split:
+                by_kind.setdefault(p["kind"], []).append(p)
+        queues = list(by_kind.values())
+        while n > 0 and any(queues):
+            for q in queues:
+                if q and n > 0:
+                    out.append(q.pop(0))
+                    n -= 1
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Data for SwitchSD's copy-intent probe.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -465,6 +631,18 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=1200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="data/prompts.jsonl")
+    p = sub.add_parser("completions", help="the target's greedy completions (resumable)")
+    p.add_argument("--model", required=True, help="HF folder or demo name")
+    p.add_argument("--prompts", default="data/prompts.jsonl")
+    p.add_argument("--out", required=True, help="JSON lines file to append to")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    for split, n in (("train", 960), ("val", 120), ("test", 120)):
+        p.add_argument(f"--{split}", type=int, default=n, help=f"prompts from the {split} split")
+    p = sub.add_parser("features", help="per-layer hidden states and labels (resumable)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--completions", required=True)
+    p.add_argument("--out", required=True, help="folder for the memmaps")
+    p.add_argument("--kappa", type=int, default=5)
     args = ap.parse_args(argv)
     if args.cmd == "prompts":
         info = write_prompts(args.out, str(Path(args.out).with_name("manifest.json")), args.seed, args.n)
@@ -473,7 +651,21 @@ def main(argv=None):
         for kind, c in info["kinds"].items():
             print(f"  {kind:17s} train {c['train']:4d}  val {c['val']:3d}  test {c['test']:3d}  "
                   f"sources {c['sources']}")
+        return
+    import torch
+    import llama
+    from fetch import resolve
+    folder = resolve(args.model)
+    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    if args.cmd == "completions":
+        prompts = subset(read_prompts(args.prompts), {"train": args.train, "val": args.val, "test": args.test})
+        generate_completions(model, llama.Tokenizer(folder), prompts, args.out, args.max_new_tokens)
+    else:
+        extract_features(model, read_jsonl(args.completions), args.out, args.kappa)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
