@@ -529,7 +529,7 @@ def generate_completions(model, tok, prompts, out_path, max_new_tokens=160):
         for i, p in enumerate(todo):
             progress(i, len(todo), t0, f"completions ({new_tokens / max(seconds, 1e-9):.1f} tok/s)")
             ids = tok.prompt_ids(p["prompt"])
-            res = switchsd.generate(model, ids, "copy", CopyDrafter(), max_new_tokens,
+            res = switchsd.generate(model, ids, "copy", CopyDrafter(), max_new_tokens=max_new_tokens,
                                     stop_ids=tok.eos_ids)
             new_tokens += len(res.output_ids)
             seconds += res.seconds

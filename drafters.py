@@ -8,9 +8,14 @@ whole tree in one pass (switchsd.verify). Drafters differ only in how they propo
                   retriever, which drafts W candidates of up to D tokens by copying the
                   context after earlier occurrences of the current kappa-gram.
 """
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
+import torch.nn as nn
+
+import llama
 
 
 @dataclass
@@ -74,6 +79,10 @@ class CopyDrafter:
 
     def __init__(self, kappa: int = 5, width: int = 4, depth: int = 20):
         self.kappa, self.width, self.depth = kappa, width, depth
+        self.reset()
+
+    def reset(self, max_len: int = 0):
+        """Forget the context: a new prompt starts."""
         self.ends: dict[tuple, list[int]] = {}
         self.n = 0  # context tokens indexed so far
 
@@ -111,6 +120,9 @@ class PromptLookup:
     def __init__(self, max_ngram: int = 3, num_pred: int = 10):
         self.max_ngram, self.num_pred = max_ngram, num_pred
 
+    def reset(self, max_len: int = 0):
+        pass  # stateless: it rescans the context every step, as published
+
     def propose(self, ctx, depth: int):
         import numpy as np
         a = np.asarray(ctx)
@@ -129,6 +141,9 @@ class CopySpec:
 
     def __init__(self, gamma: int = 3, num_copy: int = 10):
         self.gamma, self.num_copy = gamma, num_copy
+        self.reset()
+
+    def reset(self, max_len: int = 0):
         self.first: dict[tuple, int] = {}  # gamma-gram -> end position of its first occurrence
         self.n = 0
 
@@ -140,3 +155,232 @@ class CopySpec:
         e = self.first.get(tuple(ctx[-g:]), len(ctx) - 1)
         cand = ctx[e + 1:e + 1 + min(self.num_copy, depth)]
         return Tree.chain(ctx[-1], cand) if cand else None
+
+
+# ---------------------------------------------------------------------------------------
+# Neural drafters. Both keep a KV cache of their own that lags the context after any step
+# whose accepted tokens they did not draft (a copy step; the target's bonus token). They
+# catch up lazily: the missing tokens are prepended to their next draft forward, which runs
+# anyway, instead of an extra pass at acceptance time that would cost a full forward of
+# weight reads for a handful of tokens.
+# ---------------------------------------------------------------------------------------
+
+def common_prefix(a, b, start: int = 0) -> int:
+    n = start
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class DraftModel:
+    """SPS (Chen et al. 2023; Leviathan et al. 2023): a small model with the target's
+    tokenizer drafts gamma tokens autoregressively, each sampled from its own q."""
+    capture = ()  # needs no hidden state of the target
+
+    def __init__(self, model, gamma: int = 4):
+        self.model, self.gamma = model, gamma
+
+    def reset(self, max_len: int):
+        self.cache = self.model.new_cache(max_len + self.gamma)
+        self.tokens = []  # the token in each cache slot
+        self.synced = 0  # a prefix of ctx known to be in the cache
+
+    def observe(self, hidden):
+        pass
+
+    def propose(self, ctx, depth, temperature, top_p, gen) -> Tree:
+        # Rollback: keep the cached prefix that the context still agrees with (accepted
+        # drafts stay, rejected ones go; truncating costs nothing). Lazy propagation: the
+        # rest of the context -- copied tokens, the bonus token -- rides along in the first
+        # draft forward below.
+        m = min(common_prefix(self.tokens, ctx, self.synced), len(ctx) - 1)
+        self.cache.truncate(m)
+        del self.tokens[m:]
+        self.synced = len(ctx)
+        feed, toks, qs = ctx[m:], [], []
+        dev = self.model.device
+        for _ in range(min(self.gamma, depth)):
+            mask, pos = llama.causal_mask(len(feed), self.cache.n, dev)
+            logits, _ = self.model(torch.tensor(feed, device=dev), pos, mask, self.cache,
+                                   logits_at=slice(-1, None))
+            self.tokens += feed
+            if temperature == 0:
+                x, q = int(logits[0].argmax()), None
+            else:
+                q = probs(logits[0], temperature, top_p)
+                x = torch.multinomial(q, 1, generator=gen).item()
+            toks.append(x)
+            qs.append(q)
+            feed = [x]
+        return Tree.chain(ctx[-1], toks, qs)
+
+
+# ---------------------------------------------------------------------------------------
+# EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language
+# Models via Training-Time Test"): one decoder layer that drafts from the target's own
+# features. Input at position j: [embedding of token j+1 ; g_j], where g_j = fc([low; mid;
+# high]) fuses the target's hidden states entering layers 2, L//2 and L-3 at position j.
+# Later draft steps feed the layer's own output h in place of g. It predicts token j+2.
+# ---------------------------------------------------------------------------------------
+
+class Eagle3Head(nn.Module):
+    """The official EAGLE-3 checkpoint layout (key names as in SafeAILab/EAGLE):
+    fc [H, 3 H_target]; midlayer.{input_layernorm, hidden_norm, post_attention_layernorm};
+    midlayer.self_attn.{q,k,v}_proj (input width 2H), o_proj; midlayer.mlp.{gate,up,down}_proj;
+    norm; lm_head [draft_vocab, H]; d2t [draft_vocab] with target_id = draft_id + d2t[draft_id]."""
+
+    def __init__(self, cfg: dict, target_dim: int):
+        super().__init__()
+        H = cfg["hidden_size"]
+        n_heads = cfg["num_attention_heads"]
+        self.args = llama.ModelArgs(
+            arch="Eagle3", dim=H, n_layers=1, n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=cfg.get("head_dim") or H // n_heads, ffn_dim=cfg["intermediate_size"],
+            vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+            norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=cfg.get("rope_theta", 10000.0),
+            rope_scaling=cfg.get("rope_scaling"), max_seq_len=cfg.get("max_position_embeddings", 2048),
+            qkv_bias=False, qk_norm=False, tie_embeddings=False)
+        a = self.args
+        self.fc = llama.Linear(3 * target_dim, H, bias=False)
+        self.midlayer = nn.Module()
+        self.midlayer.input_layernorm = llama.RMSNorm(H, a.norm_eps)  # on the token embedding
+        self.midlayer.hidden_norm = llama.RMSNorm(H, a.norm_eps)  # on the feature
+        # The attention reads [embedding; feature] (2H wide) and writes H.
+        self.midlayer.self_attn = llama.Attention(replace(a, dim=2 * H))
+        self.midlayer.self_attn.o_proj = llama.Linear(a.n_heads * a.head_dim, H, bias=False)
+        self.midlayer.post_attention_layernorm = llama.RMSNorm(H, a.norm_eps)
+        self.midlayer.mlp = llama.MLP(a)
+        self.norm = llama.RMSNorm(H, a.norm_eps)
+        self.lm_head = llama.Linear(H, a.vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(a.vocab_size, dtype=torch.long))
+        self.register_buffer("inv_freq", llama.rope_frequencies(a), persistent=False)
+
+    def forward(self, emb, g, pos, mask, cache):
+        """emb, g: (T, H) token embeddings and features -> (T, H) the layer's output h."""
+        m = self.midlayer
+        cos, sin = llama.rope(self.inv_freq, pos, g.dtype)
+        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(g)], dim=-1)  # (T, 2H)
+        h = g + m.self_attn(x, cos, sin, mask, cache, 0)
+        h = h + m.mlp(m.post_attention_layernorm(h))
+        cache.n += len(g)
+        return h
+
+    def logits(self, h):
+        """Draft-vocabulary logits of h (T, H)."""
+        return self.lm_head(self.norm(h)).float()
+
+    @classmethod
+    def load(cls, folder, target) -> "Eagle3Head":
+        """Read an official EAGLE-3 checkpoint (model.safetensors or pytorch_model.bin)."""
+        folder = Path(folder)
+        cfg = llama.read_json(folder / "config.json")
+        for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+            if key not in cfg:
+                raise ValueError(f"{folder / 'config.json'}: missing field {key!r}")
+        if (folder / "model.safetensors").is_file():
+            w = llama.load_safetensors(folder)
+        elif (folder / "pytorch_model.bin").is_file():
+            w = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
+        w = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
+             for k, v in w.items()}  # a known variant names the layer layers.0
+        if "fc.weight" not in w:
+            raise ValueError(f"{folder}: no fc.weight: not an EAGLE-3 checkpoint")
+        if w["fc.weight"].shape[1] != 3 * target.args.dim:
+            raise ValueError(f"{folder}: fc.weight takes {w['fc.weight'].shape[1]} features, but this "
+                             f"target gives 3 x {target.args.dim}: the head was trained for another model")
+        if cfg["hidden_size"] != target.args.dim:
+            raise ValueError(f"{folder}: hidden_size {cfg['hidden_size']} differs from the target's "
+                             f"{target.args.dim} (the head reads the target's token embeddings)")
+        with torch.device("meta"):
+            head = cls(cfg, target.args.dim)
+        if "d2t" not in w:  # allowed when the draft vocabulary is the target's own
+            if head.args.vocab_size != target.args.vocab_size:
+                raise ValueError(f"{folder}: no d2t, and draft_vocab_size {head.args.vocab_size} "
+                                 f"differs from the target's vocabulary {target.args.vocab_size}")
+            w["d2t"] = torch.zeros(head.args.vocab_size, dtype=torch.long)
+        for name, p in [*head.named_parameters(), ("d2t", head.d2t)]:
+            if name not in w:
+                raise ValueError(f"{folder}: weight {name!r} is missing from the checkpoint")
+            if tuple(w[name].shape) != tuple(p.shape):
+                raise ValueError(f"{folder}: weight {name!r} has shape {tuple(w[name].shape)}, "
+                                 f"config.json implies {tuple(p.shape)}")
+            t = w[name].to(target.device, torch.long if name == "d2t" else target.dtype, copy=True)
+            module, leaf = llama._parent(head, name)
+            if name == "d2t":
+                head.d2t = t
+            else:
+                setattr(module, leaf, nn.Parameter(t, requires_grad=False))
+        ids = torch.arange(head.args.vocab_size, device=target.device) + head.d2t
+        if ids.min() < 0 or ids.max() >= target.args.vocab_size:
+            raise ValueError(f"{folder}: d2t maps draft ids outside the target's vocabulary")
+        head.inv_freq = llama.rope_frequencies(head.args).to(target.device)
+        return head.eval()
+
+    def save(self, folder, cfg: dict):
+        """Write the official layout: config.json + model.safetensors (no embeddings)."""
+        from safetensors.torch import save_file
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"))
+
+
+class Eagle3:
+    """Chain drafting with an EAGLE-3 head: gamma tokens, each step feeding back the head's
+    own output. Its KV cache holds rows built from the target's real features only; rows
+    of drafted positions are dropped at the next call (rollback) and the new real features
+    from the verification pass are fed in the next draft forward (lazy propagation)."""
+
+    def __init__(self, head: Eagle3Head, target, gamma: int = 4):
+        self.head, self.target, self.gamma = head, target, gamma
+        L = target.args.n_layers
+        if L < 3:
+            raise ValueError(f"EAGLE-3 reads layers 2, L//2 and L-3: the target has only {L} layers")
+        self.capture = (("in", 2), ("in", L // 2), ("in", L - 3))
+
+    def reset(self, max_len: int):
+        self.cache = llama.KVCache(self.head.args, max_len + self.gamma, self.target.dtype,
+                                   self.target.device)
+        self.pending = []  # features of target positions the head has not consumed yet
+        self.n_real = 0  # head cache rows built from the target's features
+
+    def observe(self, hidden):
+        if hidden:
+            self.pending.append(torch.cat([hidden[c] for c in self.capture], dim=-1))
+
+    def propose(self, ctx, depth, temperature, top_p, gen) -> Tree:
+        dev, embed = self.target.device, self.target.model.embed_tokens
+        feats = torch.cat(self.pending) if self.pending else None
+        self.pending = []
+        k = self.n_real
+        self.cache.truncate(k)
+        if feats is None or len(feats) != len(ctx) - 1 - k:  # only without any target pass yet
+            return Tree([ctx[-1]])
+        # Catch up: pairs (g_j, token j+1) for every position j the target has run since.
+        pos = torch.arange(k, len(ctx) - 1, device=dev)
+        mask, _ = llama.causal_mask(len(pos), k, dev)
+        g = self.head.fc(feats)
+        h = self.head(embed(torch.tensor(ctx[k + 1:], device=dev)), g, pos, mask, self.cache)[-1:]
+        self.n_real = len(ctx) - 1
+        toks, qs = [], []
+        for i in range(min(self.gamma, depth)):
+            logits = self.head.logits(h)[0]  # (draft_vocab,)
+            if temperature == 0:
+                d, q = int(logits.argmax()), None
+            else:
+                qd = probs(logits, temperature, top_p)
+                d = torch.multinomial(qd, 1, generator=gen).item()
+                q = torch.zeros(self.target.args.vocab_size, device=dev)
+                q[torch.arange(len(qd), device=dev) + self.head.d2t] = qd  # over target ids
+            x = d + int(self.head.d2t[d])
+            toks.append(x)
+            qs.append(q)
+            if i + 1 < min(self.gamma, depth):
+                p = torch.tensor([len(ctx) - 1 + i], device=dev)
+                mask, _ = llama.causal_mask(1, self.cache.n, dev)
+                h = self.head(embed(torch.tensor([x], device=dev)), h, p, mask, self.cache)
+        return Tree.chain(ctx[-1], toks, qs)

@@ -145,6 +145,13 @@ def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     return inv
 
 
+def rope(inv_freq, pos, dtype):
+    """cos and sin of the rotation angles pos * theta_i, shaped (T, 1, D) to broadcast over heads."""
+    angles = pos[:, None].float() * inv_freq[None, :]  # (T, D/2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -237,9 +244,7 @@ class Model(nn.Module):
         Returns logits (len(logits_at), V) in float32 and {(kind, layer): (T, dim)}.
         """
         x = self.model.embed_tokens(ids)  # (T, dim)
-        angles = pos[:, None].float() * self.inv_freq[None, :]  # (T, D/2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # (T, 1, D)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = rope(self.inv_freq, pos, x.dtype)
         hidden = {}
         for i, block in enumerate(self.model.layers):
             if ("in", i) in capture:

@@ -14,14 +14,17 @@ Greedy output is token-identical to autoregressive decoding; sampling is lossles
 """
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 import llama
-from drafters import CopyDrafter, CopySpec, PromptLookup, Tree, probs
+from drafters import CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Head, PromptLookup, Tree, probs
+from probe import Probe
 
 
 MAX_TREE = 512  # most tokens one verification pass may carry (root + drafts)
@@ -42,6 +45,7 @@ class Result:
     output_ids: list[int] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     stop: str = "length"  # "eos", "length" (max_new_tokens) or "context" (model's limit)
+    probe_scores: list = field(default_factory=list)  # per output token; None for the last
     seconds: float = 0.0
     prefill_seconds: float = 0.0
 
@@ -111,30 +115,49 @@ def accept(logits, tree: Tree, temperature, top_p, gen):
 # The decode loop
 # ---------------------------------------------------------------------------------------
 
-def generate(model, prompt_ids, method="ar", copier=None, max_new_tokens=128, temperature=0.0,
-             top_p=1.0, seed=0, stop_ids=(), on_tokens=None) -> Result:
+def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=None,
+             max_new_tokens=128, temperature=0.0, top_p=1.0, seed=0, stop_ids=(),
+             on_tokens=None) -> Result:
     """Decode up to max_new_tokens after prompt_ids; on_tokens(new ids) streams output.
 
-    method picks the policy below; copier is the copy drafter it uses (CopyDrafter,
-    PromptLookup or CopySpec), or None for plain autoregressive decoding.
+    copier: a copy drafter (CopyDrafter, PromptLookup, CopySpec) or None.
+    neural: a neural drafter (DraftModel for SPS, Eagle3 for EAGLE3), or None for plain
+            autoregressive steps whenever the policy does not copy.
+    probe:  the copy-intent probe (probe.Probe); SwitchSD's gate, and per-token scores.
+    method: the policy: "switchsd" and "banditspec" gate the copier, the others copy
+            whenever the copier finds a match ("ar", "sps" and "eagle3" have no copier).
     """
     limit = model.args.max_seq_len
     if not prompt_ids:
         raise ValueError("prompt is empty")
     if len(prompt_ids) >= limit:
         raise ValueError(f"prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
+    if method == "switchsd" and (probe is None or copier is None):
+        raise ValueError("switchsd needs a probe and a copy drafter")
     dev = model.device
     gen = torch.Generator(device=dev).manual_seed(seed)
-    cache = model.new_cache(min(limit, len(prompt_ids) + max_new_tokens) + MAX_TREE)
+    max_len = min(limit, len(prompt_ids) + max_new_tokens) + MAX_TREE
+    cache = model.new_cache(max_len)
+    for d in (copier, neural):
+        if d is not None:
+            d.reset(max_len)
+    bandit = UCB1(["copy", "neural"]) if method == "banditspec" else None
+    capture = ((probe.capture,) if probe else ()) + (neural.capture if neural else ())
     res = Result(prompt_ids=list(prompt_ids))
     ctx = list(prompt_ids)  # ctx[-1] is the current token: sampled, not yet run by the target
+    scores = []  # probe score of each output token, from the pass that ran it
     t0 = time.perf_counter()
 
     with torch.inference_mode():
         # Prefill everything but the current token; its logits come with the first step.
+        hidden = {}
         if len(ctx) > 1:
             mask, pos = llama.causal_mask(len(ctx) - 1, 0, dev)
-            model(torch.tensor(ctx[:-1], device=dev), pos, mask, cache, logits_at=slice(0, 0))
+            _, hidden = model(torch.tensor(ctx[:-1], device=dev), pos, mask, cache, capture,
+                              logits_at=slice(0, 0))
+        if neural:
+            neural.observe(hidden)  # EAGLE3 reads the prompt's features here
+        score = probe.score(hidden[probe.capture][-1]).item() if probe and hidden else 0.0
         res.prefill_seconds = time.perf_counter() - t0
 
         while True:
@@ -143,16 +166,35 @@ def generate(model, prompt_ids, method="ar", copier=None, max_new_tokens=128, te
                 res.stop = "length" if len(res.output_ids) >= max_new_tokens else "context"
                 break
             ts = time.perf_counter()
-            # 1. The policy: PLD, CopySpec and unguarded copy draft whenever they find a match.
-            use_copy = copier is not None
-            # 2. Draft: at most budget - 1 tokens deep, so accepted + bonus fit the budget.
-            tree = copier.propose(ctx, budget - 1) if use_copy and budget > 1 else None
-            path_name = "copy" if tree else "ar"
-            tree = tree or Tree([ctx[-1]])
+            # 1. The policy. SwitchSD copies iff the probe reads copy intent in the last
+            #    hidden state (score >= tau) AND the kappa-gram ending here occurred before.
+            arm = None
+            if method == "switchsd":
+                use_copy = score >= probe.tau and copier.matches(ctx)
+            elif method == "banditspec":  # UCB1 picks an arm whenever copying is possible
+                arm = bandit.pick() if copier.matches(ctx) else None
+                use_copy = arm == "copy"
+            else:  # PLD, CopySpec and unguarded copy: whenever they find a match
+                use_copy = copier is not None
+            # 2. Draft at most budget - 1 tokens deep, so accepted + bonus fit the budget.
+            depth = budget - 1
+            tree = copier.propose(ctx, depth) if use_copy and depth > 0 else None
+            kind = "copy" if tree else "neural" if neural else "ar"
+            if tree is None:
+                tree = neural.propose(ctx, depth, temperature, top_p, gen) if neural and depth > 0 \
+                    else Tree([ctx[-1]])
             # 3. Verify the whole tree in one target pass and accept the longest agreed path.
-            path, bonus, _ = verify(model, cache, tree, temperature, top_p, gen)
+            path, bonus, hidden = verify(model, cache, tree, temperature, top_p, gen, capture)
+            if neural:
+                neural.observe(hidden)  # features of the accepted tokens, for its next draft
+            if probe:
+                s = probe.score(hidden[probe.capture]).tolist()  # rows: current + accepted
+                scores += s if res.output_ids else s[1:]  # the first current token is the prompt's
+                score = s[-1]
             new = [tree.tokens[i] for i in path] + [bonus]
-            res.steps.append(Step(path_name, len(tree) - 1, len(path), time.perf_counter() - ts))
+            res.steps.append(Step(kind, len(tree) - 1, len(path), time.perf_counter() - ts))
+            if arm:
+                bandit.update(arm, len(new) / res.steps[-1].seconds)
             # An end-of-sequence token, drafted or not, ends generation right after it.
             end = next((i + 1 for i, t in enumerate(new) if t in stop_ids), None)
             new = new[:end]
@@ -163,8 +205,40 @@ def generate(model, prompt_ids, method="ar", copier=None, max_new_tokens=128, te
             if end is not None:
                 res.stop = "eos"
                 break
+    n = len(res.output_ids)
+    if probe:  # the last token never ran through the target: it has no score
+        res.probe_scores = (scores + [None] * n)[:n]
     res.seconds = time.perf_counter() - t0
     return res
+
+
+class UCB1:
+    """BanditSpec's UCBSpec (Hou et al. 2025) over drafting arms, with UCB1 (Auer et al. 2002):
+    play each arm once, then the arm maximising mean reward + sqrt(c ln t / n_arm).
+
+    Reward: tokens emitted per second in the round, divided by the best rate seen so far, so
+    rewards lie in [0, 1] as UCB1 assumes. c = 2, the constant of UCB1's regret bound.
+    """
+    c = 2.0
+
+    def __init__(self, arms):
+        self.arms = list(arms)
+        self.n = {a: 0 for a in self.arms}
+        self.raw = {a: [] for a in self.arms}  # tokens/s of each round, before normalising
+        self.best = 0.0
+
+    def pick(self) -> str:
+        for a in self.arms:
+            if self.n[a] == 0:
+                return a
+        t = sum(self.n.values())
+        mean = {a: sum(self.raw[a]) / self.n[a] / self.best for a in self.arms}
+        return max(self.arms, key=lambda a: mean[a] + math.sqrt(self.c * math.log(t) / self.n[a]))
+
+    def update(self, arm: str, tokens_per_second: float):
+        self.n[arm] += 1
+        self.raw[arm].append(tokens_per_second)
+        self.best = max(self.best, tokens_per_second)
 
 
 def summary(res: Result) -> dict:
@@ -195,16 +269,50 @@ def summary(res: Result) -> dict:
 # Command line
 # ---------------------------------------------------------------------------------------
 
+def provenance(res: Result) -> list[str]:
+    """How each output token was produced: "copy", "neural" (drafted, then verified) or
+    "target" (the target's own token: every step's bonus token)."""
+    kinds = []
+    for s in res.steps:
+        kinds += [s.path] * s.accepted + ["target"]
+    return kinds[:len(res.output_ids)]
+
+
+def show(tok, res: Result, mode: str) -> str:
+    """The output with ANSI background colours: by provenance, or shaded by probe score."""
+    colour = {"copy": "\x1b[30;43m", "neural": "\x1b[30;46m", "target": ""}
+    kinds, pieces = provenance(res), []
+    for i, t in enumerate(res.output_ids):
+        piece = tok.decode(res.output_ids[:i + 1])[len(tok.decode(res.output_ids[:i])):]
+        if mode == "path":
+            c = colour[kinds[i]]
+        else:
+            s = res.probe_scores[i]
+            c = "" if s is None else f"\x1b[30;48;2;255;{int(255 - 200 * s)};{int(255 - 255 * s)}m"
+        pieces.append(c + piece + ("\x1b[0m" if c else ""))
+    legend = ("\n\n[\x1b[30;43mcopied\x1b[0m \x1b[30;46mneural draft\x1b[0m target's own]"
+              if mode == "path" else "\n\n[background: probe score, white 0 -> red 1]")
+    return "".join(pieces) + legend
+
+
+METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="HF folder or a demo name (default: %(default)s)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="read the prompt from this file")
-    ap.add_argument("--method", default="ar", choices=["ar", "pld", "copyspec", "copy"])
-    ap.add_argument("--copy-kappa", type=int, default=5, help="kappa-gram length that triggers a copy")
+    ap.add_argument("--method", default="ar", choices=METHODS)
+    ap.add_argument("--copy-kappa", type=int, help="kappa-gram length that triggers a copy "
+                    "(default: the probe's, else 5)")
     ap.add_argument("--copy-width", type=int, default=4, help="W: candidates verified per copy step")
     ap.add_argument("--copy-depth", type=int, default=20, help="D: longest copied candidate")
+    ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
+    ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
+    ap.add_argument("--gamma", type=int, default=4, help="tokens per neural draft")
+    ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -213,13 +321,63 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
     ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    ap.add_argument("--show", nargs="?", const="path", choices=["path", "probe"],
+                    help="colour the printed text by how each token was produced, or by probe score")
     return ap.parse_args(argv)
 
 
-def load(name_or_path, dtype, device):
+def check_same_vocab(target_tok, draft_tok, n_target: int, where: str):
+    """A drafter must mean the same token by every id the target can emit."""
+    t, d = target_tok.tok.get_vocab(with_added_tokens=True), draft_tok.tok.get_vocab(with_added_tokens=True)
+    t = {k: v for k, v in t.items() if v < n_target}
+    d = {k: v for k, v in d.items() if v < n_target}
+    if t != d:
+        diff = sorted(set(t.items()) ^ set(d.items()), key=lambda kv: kv[1])[:2]
+        raise ValueError(f"{where}: tokenizer differs from the target's (e.g. {diff}); "
+                         "a draft model must share the target's vocabulary")
+
+
+def build(a):
+    """Load the target and whatever the method needs: copier, neural drafter, probe."""
     from fetch import resolve
-    folder = resolve(name_or_path)
-    return llama.Model.from_pretrained(folder, getattr(torch, dtype), device), llama.Tokenizer(folder)
+    folder = resolve(a.model)
+    dtype = getattr(torch, a.dtype)
+    model, tok = llama.Model.from_pretrained(folder, dtype, a.device), llama.Tokenizer(folder)
+    probe = None
+    if a.probe or a.method == "switchsd":
+        path = a.probe or Path(__file__).resolve().parent / "probes" / f"{Path(a.model).name}.safetensors"
+        if not a.probe and not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no shipped probe for this model; pass --probe FILE "
+                                    "(python probe.py train makes one)")
+        probe = Probe.load(path, model)
+    kappa = a.copy_kappa or (probe.kappa if probe else 5)
+    if kappa < 1 or a.copy_width < 1 or a.copy_depth < 1 or a.copy_width * a.copy_depth >= MAX_TREE:
+        raise ValueError(f"need --copy-kappa, --copy-width, --copy-depth >= 1 and W*D < {MAX_TREE}")
+    copier = {"pld": PromptLookup(), "copyspec": CopySpec()}.get(a.method)
+    if a.method in ("copy", "banditspec", "switchsd"):
+        copier = CopyDrafter(kappa, a.copy_width, a.copy_depth)
+    if a.method == "sps" and not a.draft_model:
+        raise ValueError("--method sps needs --draft-model")
+    if a.method == "eagle3" and not a.eagle:
+        raise ValueError("--method eagle3 needs --eagle")
+    if a.draft_model and a.eagle:
+        raise ValueError("give --draft-model or --eagle, not both")
+    if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
+        raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
+    if a.gamma < 1:
+        raise ValueError("need --gamma >= 1")
+    neural = None
+    if a.draft_model:
+        dfolder = resolve(a.draft_model)
+        draft = llama.Model.from_pretrained(dfolder, dtype, a.device)
+        check_same_vocab(tok, llama.Tokenizer(dfolder), model.args.vocab_size, str(dfolder))
+        if draft.args.vocab_size > model.args.vocab_size:
+            raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
+                             f"{model.args.vocab_size}")
+        neural = DraftModel(draft, a.gamma)
+    if a.eagle:
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma)
+    return model, tok, copier, neural, probe
 
 
 def main(argv=None):
@@ -232,11 +390,9 @@ def main(argv=None):
                 a.prompt = f.read()
         except OSError as e:
             raise FileNotFoundError(f"{a.prompt_file}: {e.strerror}") from None
-    if a.copy_kappa < 1 or a.copy_width < 1 or a.copy_depth < 1 or a.copy_width * a.copy_depth >= MAX_TREE:
-        raise ValueError(f"need --copy-kappa, --copy-width, --copy-depth >= 1 and W*D < {MAX_TREE}")
-    copier = {"pld": PromptLookup, "copyspec": CopySpec, "ar": lambda: None,
-              "copy": lambda: CopyDrafter(a.copy_kappa, a.copy_width, a.copy_depth)}[a.method]()
-    model, tok = load(a.model, a.dtype, a.device)
+    model, tok, copier, neural, probe = build(a)
+    if a.show == "probe" and probe is None:
+        raise ValueError("--show probe needs a probe (--probe or --method switchsd)")
     prompt_ids = tok.prompt_ids(a.prompt, chat=not a.no_chat)
     printed, out = "", []
 
@@ -248,14 +404,18 @@ def main(argv=None):
             print(text[len(printed):], end="", flush=True)
             printed = text
 
-    res = generate(model, prompt_ids, a.method, copier, a.max_new_tokens, a.temperature, a.top_p,
-                   a.seed, stop_ids=tok.eos_ids, on_tokens=None if a.json else stream)
+    res = generate(model, prompt_ids, a.method, copier, neural, probe, max_new_tokens=a.max_new_tokens,
+                   temperature=a.temperature, top_p=a.top_p, seed=a.seed, stop_ids=tok.eos_ids,
+                   on_tokens=None if a.json or a.show else stream)
     info = summary(res)
     if a.json:
         print(json.dumps({**info, "text": tok.decode(res.output_ids)}))
-    else:
-        print(f"\n[{info['new_tokens']} tokens, {info['tokens_per_second']} tok/s, "
-              f"{info['target_forwards']} target forwards, stop: {res.stop}]", file=sys.stderr)
+        return
+    if a.show:
+        print(show(tok, res, a.show))
+    print(f"\n[{info['new_tokens']} tokens, {info['tokens_per_second']} tok/s, "
+          f"{info['target_forwards']} target forwards, {info['mean_accepted']} tokens/forward, "
+          f"stop: {res.stop}]", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import drafters
 import llama
 import switchsd
 from drafters import CopyDrafter, CopySpec, PromptLookup, Tree
@@ -71,7 +72,7 @@ def make_checkpoint(folder: Path, arch="qwen2", seed=0, scale=0.3, **overrides) 
 
 
 def make_copying_checkpoint(folder: Path, seed=0, noise=0.01, vocab=32):
-    """A 2-layer Qwen2 model with a planted induction circuit, plus random noise.
+    """A 4-layer Qwen2 model with a planted induction circuit, plus random noise.
 
     Random tiny models almost never repeat themselves, so copy drafts would never be
     accepted and the tests would not exercise acceptance. This one mostly predicts the
@@ -82,7 +83,7 @@ def make_copying_checkpoint(folder: Path, seed=0, noise=0.01, vocab=32):
     folder.mkdir(parents=True, exist_ok=True)
     V, dim, D = vocab, 128, 128
     cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=dim,
-               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                num_key_value_heads=1, head_dim=D, vocab_size=V, max_position_embeddings=512,
                rms_norm_eps=1e-6, rope_theta=1e9, tie_word_embeddings=False, hidden_act="silu")
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -532,4 +533,163 @@ def test_copy_sampling_is_lossless_end_to_end(tmp_path):
         key = tuple(res.output_ids)
         counts[key] = counts.get(key, 0) + 1
     assert sum(s.path == "copy" for s in res.steps) > 0
+    draws_match(counts, joint, n)
+
+
+# ---------------------------------------------------------------------------------------
+# Neural drafters: SPS and EAGLE-3
+# ---------------------------------------------------------------------------------------
+
+def noisy_copy(folder: Path, src: Path, noise: float, seed=0) -> Path:
+    """A draft model: the target's checkpoint plus noise (agrees often, not always)."""
+    from safetensors.torch import load_file
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (src / f).exists():
+            (folder / f).write_text((src / f).read_text())
+    g = torch.Generator().manual_seed(seed)
+    t = load_file(str(src / "model.safetensors"))
+    save_file({k: v + noise * v.std() * torch.randn(v.shape, generator=g) for k, v in t.items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def eagle_config(model, draft_vocab):
+    a = model.args
+    return {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": a.dim, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 24, "intermediate_size": 96, "rms_norm_eps": 1e-6,
+            "vocab_size": a.vocab_size, "draft_vocab_size": draft_vocab, "rope_theta": 10000.0,
+            "num_hidden_layers": 1}
+
+
+def make_eagle(folder: Path, model, draft_vocab=None, seed=0, fmt="safetensors", prefix="midlayer."):
+    """A random EAGLE-3 head in the official layout, over the draft vocabulary's top ids."""
+    draft_vocab = draft_vocab or model.args.vocab_size
+    cfg = eagle_config(model, draft_vocab)
+    head = drafters.Eagle3Head(cfg, model.args.dim)
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for k, v in head.state_dict().items():
+        if k == "d2t":  # draft id i -> target id used[i]: every other id, here
+            used = torch.arange(draft_vocab) * (model.args.vocab_size // draft_vocab)
+            v = used - torch.arange(draft_vocab)
+        elif k.endswith("norm.weight"):
+            v = 1 + 0.1 * torch.randn(v.shape, generator=g)
+        else:
+            v = 0.3 * torch.randn(v.shape, generator=g)
+        state[k.replace("midlayer.", prefix, 1)] = v.contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if fmt == "safetensors":
+        save_file(state, str(folder / "model.safetensors"))
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
+    return folder, state
+
+
+def test_eagle3_loader_official_layout_and_variants(copier_model, tmp_path):
+    m = copier_model
+    for fmt, prefix in (("safetensors", "midlayer."), ("bin", "midlayer."), ("safetensors", "layers.0.")):
+        folder, state = make_eagle(tmp_path / f"{fmt}-{prefix}", m, draft_vocab=16, fmt=fmt, prefix=prefix)
+        head = drafters.Eagle3Head.load(folder, m)
+        assert head.fc.weight.shape == (m.args.dim, 3 * m.args.dim)
+        assert head.midlayer.self_attn.q_proj.weight.shape == (4 * 24, 2 * m.args.dim)  # head_dim from config
+        assert head.lm_head.weight.shape == (16, m.args.dim)
+        torch.testing.assert_close(head.midlayer.mlp.down_proj.weight, state[prefix + "mlp.down_proj.weight"])
+        assert (torch.arange(16) + head.d2t).tolist() == list(range(0, 32, 2))
+    folder, state = make_eagle(tmp_path / "nod2t", m)  # equal vocabularies: d2t may be absent
+    del state["d2t"]
+    save_file(state, str(folder / "model.safetensors"))
+    assert drafters.Eagle3Head.load(folder, m).d2t.abs().sum() == 0
+    folder, state = make_eagle(tmp_path / "nod2t16", m, draft_vocab=16)
+    del state["d2t"]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="no d2t, and draft_vocab_size 16 differs"):
+        drafters.Eagle3Head.load(folder, m)
+    state["d2t"] = torch.zeros(16, dtype=torch.long)
+    state["fc.weight"] = torch.zeros(m.args.dim, 3 * m.args.dim + 3)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="fc.weight takes 387 features"):
+        drafters.Eagle3Head.load(folder, m)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
+        drafters.Eagle3Head.load(folder, m)
+
+
+@pytest.fixture(scope="module")
+def neural_setup(tmp_path_factory):
+    """The copying target, a noisy copy of it as SPS draft, and a random EAGLE-3 head."""
+    base = tmp_path_factory.mktemp("neural")
+    src = make_copying_checkpoint(base / "target")
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32)
+    head = drafters.Eagle3Head.load(make_eagle(base / "eagle", target, draft_vocab=16)[0], target)
+    return target, draft, head
+
+
+def neural_drafters(setup):
+    target, draft, head = setup
+    return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
+            ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3))]
+
+
+def test_neural_drafters_greedy_match_ar(neural_setup):
+    target = neural_setup[0]
+    accepted = 0
+    for prompt in repetitive_prompts(4, seed=7):
+        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
+        for name, make in neural_drafters(neural_setup):
+            for method, copier in ((name, None), ("copyspec", CopySpec()), ("copy", CopyDrafter(3, 2, 8))):
+                res = switchsd.generate(target, prompt, method, copier, make(), max_new_tokens=40)
+                assert res.output_ids == ref, (name, method)
+                accepted += sum(s.accepted for s in res.steps if s.path == "neural")
+    assert accepted > 100
+
+
+class RandomCopier(CopyDrafter):
+    """Copies at random steps (seeded): drives arbitrary interleavings of copy and neural."""
+
+    def __init__(self, seed):
+        super().__init__(kappa=1, width=2, depth=6)
+        self.rng = random.Random(seed)
+
+    def propose(self, ctx, depth):
+        return super().propose(ctx, depth) if self.rng.random() < 0.5 else None
+
+
+def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
+    target = neural_setup[0]
+    L = target.args.n_layers
+    for seed, prompt in enumerate(repetitive_prompts(3, seed=11)):
+        for name, make in neural_drafters(neural_setup):
+            d = make()
+            res = switchsd.generate(target, prompt, "copy", RandomCopier(seed), d, max_new_tokens=30)
+            kinds = {s.path for s in res.steps}
+            assert kinds == {"copy", "neural"}, kinds
+            ctx = prompt + res.output_ids
+            g = torch.Generator().manual_seed(0)
+            lagging = d.propose(ctx, 4, 0.0, 1.0, g)
+            fresh = make()
+            fresh.reset(len(ctx) + 8)
+            with torch.inference_mode():  # the features a fresh drafter sees: one prefill
+                cap = fresh.capture
+                mask, pos = llama.causal_mask(len(ctx) - 1, 0)
+                _, hid = target(torch.tensor(ctx[:-1]), pos, mask, target.new_cache(len(ctx)), cap)
+                fresh.observe(hid)
+                rebuilt = fresh.propose(ctx, 4, 0.0, 1.0, g)
+            assert lagging.tokens == rebuilt.tokens, name
+
+
+def test_sps_sampling_is_lossless(tmp_path):
+    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
+    prompt = [1, 2, 3, 4, 5]
+    p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts, sps = 3000, {}, drafters.DraftModel(draft, gamma=2)
+    for seed in range(n):
+        res = switchsd.generate(target, prompt, "sps", None, sps, max_new_tokens=2, temperature=1.0, seed=seed)
+        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
     draws_match(counts, joint, n)

@@ -1,0 +1,309 @@
+"""SwitchSD's copy-intent probe: is the model copying from its context right now?
+
+    p_l(j) = sigmoid(w_l . H_j^(l))                                  (the probe, no bias)
+    min_w  mean_j BCE(p_l(j), Y_j) + (lambda / 2) ||w_l||^2           (its training objective)
+
+H_j^(l) is the residual stream after layer l's attention sublayer at token j, and Y_j = 1
+iff token j lies in a verbatim repeat of >= kappa tokens of its context (data.copy_labels).
+One probe is trained per layer on the target's own completions; the layer with the best
+validation F1 is kept, with the threshold tau that maximises F1 on the same split. At decode
+time the probe is one dot product on a hidden state the target computed anyway.
+
+    python probe.py train --model DIR --out probes/NAME.safetensors      # whole pipeline
+    python probe.py eval  --model DIR --probe FILE --prompts FILE.jsonl [--json]
+"""
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import llama
+
+
+@dataclass
+class Probe:
+    w: torch.Tensor  # (dim,) float32
+    layer: int
+    position: str  # "attn" (after the attention sublayer) or "mlp" (after the MLP)
+    tau: float
+    kappa: int
+    meta: dict = field(default_factory=dict)  # the model's identity and validation figures
+
+    @property
+    def capture(self):
+        return (self.position, self.layer)
+
+    def score(self, h):
+        """p(j) for hidden states h (..., dim)."""
+        return torch.sigmoid(h.float() @ self.w.to(h.device))
+
+    def save(self, path):
+        from safetensors.torch import save_file
+        meta = {"layer": self.layer, "position": self.position, "tau": self.tau, "kappa": self.kappa,
+                **self.meta}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file({"w": self.w.float().contiguous()}, str(path),
+                  metadata={k: json.dumps(v) for k, v in meta.items()})
+
+    @classmethod
+    def load(cls, path, model=None) -> "Probe":
+        """Read a probe file; with a model, refuse a probe that was trained for another one."""
+        from safetensors import safe_open
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: probe file not found")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                w, raw = f.get_tensor("w"), f.metadata() or {}
+            meta = {k: json.loads(v) for k, v in raw.items()}
+            probe = cls(w.float(), int(meta.pop("layer")), meta.pop("position"),
+                        float(meta.pop("tau")), int(meta.pop("kappa")), meta)
+        except Exception as e:
+            raise ValueError(f"{path}: not a probe file ({type(e).__name__}: {e})") from None
+        if probe.position not in ("attn", "mlp") or w.ndim != 1:
+            raise ValueError(f"{path}: not a probe file (position {probe.position!r}, w {tuple(w.shape)})")
+        if model is not None:
+            a, m = model.args, probe.meta
+            have = {"arch": a.arch, "hidden_size": a.dim, "n_layers": a.n_layers,
+                    "fingerprint": model.fingerprint()}
+            for key, value in have.items():
+                if key in m and m[key] != value:
+                    raise ValueError(f"{path}: probe made for a model with {key} {m[key]!r}, "
+                                     f"this model has {value!r}")
+            if len(w) != a.dim or not 0 <= probe.layer < a.n_layers:
+                raise ValueError(f"{path}: probe of width {len(w)} at layer {probe.layer} does not "
+                                 f"fit this model ({a.dim} wide, {a.n_layers} layers)")
+        return probe
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics, in numpy
+# ---------------------------------------------------------------------------------------
+
+def roc_auc(s, y) -> float:
+    """P(score of a random positive > score of a random negative), ties counting half
+    (the Mann-Whitney U statistic, from average ranks)."""
+    s, y = np.asarray(s, dtype=np.float64), np.asarray(y).astype(bool)
+    P, N = y.sum(), (~y).sum()
+    if P == 0 or N == 0:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s))
+    ranks[order] = np.arange(1, len(s) + 1)
+    uniq, inv, counts = np.unique(s, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    ranks = (sums / counts)[inv]  # average rank within ties
+    return float((ranks[y].sum() - P * (P + 1) / 2) / (P * N))
+
+
+def roc_curve(s, y):
+    """False- and true-positive rates at every threshold, from the highest score down."""
+    s, y = np.asarray(s), np.asarray(y).astype(bool)
+    order = np.argsort(-s, kind="mergesort")
+    tp, fp = np.cumsum(y[order]), np.cumsum(~y[order])
+    return np.r_[0, fp / max(fp[-1], 1)], np.r_[0, tp / max(tp[-1], 1)]
+
+
+def prf(s, y, tau) -> dict:
+    pred, y = np.asarray(s) >= tau, np.asarray(y).astype(bool)
+    tp, fp, fn = (pred & y).sum(), (pred & ~y).sum(), (~pred & y).sum()
+    p = tp / (tp + fp) if tp + fp else 0.0
+    r = tp / (tp + fn) if tp + fn else 0.0
+    return {"precision": float(p), "recall": float(r), "f1": float(2 * p * r / (p + r)) if p + r else 0.0}
+
+
+def best_threshold(s, y):
+    """The threshold tau maximising F1 of (s >= tau), over every distinct score."""
+    s, y = np.asarray(s), np.asarray(y).astype(bool)
+    order = np.argsort(-s, kind="mergesort")
+    s_sorted, tp = s[order], np.cumsum(y[order])
+    fp = np.arange(1, len(s) + 1) - tp
+    last = np.r_[s_sorted[1:] != s_sorted[:-1], True]  # cut only between distinct scores
+    f1 = np.where(last, 2 * tp / (tp + fp + y.sum()), -1)
+    i = int(np.argmax(f1))
+    return float(s_sorted[i]), float(f1[i])
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------
+
+def fit(X: torch.Tensor, y: torch.Tensor, l2: float = 1e-4, iters: int = 200) -> torch.Tensor:
+    """Minimise mean BCE(sigmoid(X w), y) + l2/2 ||w||^2 over w by L-BFGS. X: (N, dim).
+
+    X is divided by its RMS first so one l2 suits every layer (residual norms grow with
+    depth); the scale is folded back into w, so the probe reads raw hidden states.
+    """
+    scale = X.pow(2).mean().sqrt().clamp_min(1e-6)
+    Xs, y = X / scale, y.float()
+    w = torch.zeros(X.shape[1], requires_grad=True)
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=iters, history_size=20,
+                            line_search_fn="strong_wolfe", tolerance_grad=1e-6)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(Xs @ w, y) + 0.5 * l2 * w.dot(w)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return (w.detach() / scale).float()
+
+
+def layer_scores(X, w):
+    return torch.sigmoid(X @ w).numpy()
+
+
+def train_layers(folder, positions=("attn", "mlp"), l2=1e-4, log=print) -> dict:
+    """Fit one probe per (position, layer) on the train split of a data.extract_features
+    folder; evaluate on val (choosing tau) and test. Returns the report and the weights."""
+    import data
+    folder = Path(folder)
+    info = json.loads((folder / "index.json").read_text())
+    if info["done"] != len(info["ids"]):
+        raise ValueError(f"{folder}: features are incomplete ({info['done']}/{len(info['ids'])})")
+    labels = np.load(folder / "labels.npy")
+    split = np.empty(len(labels), dtype=object)
+    for i, sp in enumerate(info["splits"]):
+        split[info["offsets"][i]:info["offsets"][i + 1]] = sp
+    rows = {sp: np.flatnonzero(split == sp) for sp in ("train", "val", "test")}
+    report, weights = {"tokens": {sp: int(len(r)) for sp, r in rows.items()},
+                       "positives": {sp: int(labels[r].sum()) for sp, r in rows.items()},
+                       "layers": []}, {}
+    for pos in positions:
+        feats = data.open_features(folder, pos)
+        for l in range(info["n_layers"]):
+            t = time.time()
+            X = torch.from_numpy(np.asarray(feats[l], dtype=np.float32))  # (N, dim)
+            w = fit(X[rows["train"]], torch.from_numpy(labels[rows["train"]]), l2)
+            s = {sp: layer_scores(X[r], w) for sp, r in rows.items()}
+            tau, _ = best_threshold(s["val"], labels[rows["val"]])
+            row = {"position": pos, "layer": l, "tau": tau}
+            for sp in ("val", "test"):
+                m = prf(s[sp], labels[rows[sp]], tau)
+                row.update({f"{sp}_{k}": v for k, v in m.items()})
+                row[f"{sp}_auc"] = roc_auc(s[sp], labels[rows[sp]])
+            report["layers"].append(row)
+            weights[pos, l] = w
+            log(f"{pos} layer {l:2d}: val F1 {row['val_f1']:.3f} AUC {row['val_auc']:.4f} | "
+                f"test F1 {row['test_f1']:.3f} AUC {row['test_auc']:.4f} ({time.time() - t:.1f}s)")
+    return report, weights
+
+
+def select(report: dict, position="attn") -> dict:
+    """The layer with the best validation F1 (its tau was chosen on the same split)."""
+    return max((r for r in report["layers"] if r["position"] == position), key=lambda r: r["val_f1"])
+
+
+def identity(model, name="") -> dict:
+    a = model.args
+    return {"model": name, "arch": a.arch, "hidden_size": a.dim, "n_layers": a.n_layers,
+            "fingerprint": model.fingerprint()}
+
+
+# ---------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------
+
+def cmd_train(a):
+    import data
+    from fetch import resolve
+    folder = resolve(a.model)
+    name = Path(a.model).name
+    work = Path(a.work or f"runs/probe-{name}")
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    tok = llama.Tokenizer(folder)
+    prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
+    data.generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens)
+    t1 = time.time()
+    done = {r["id"]: r for r in data.read_jsonl(work / "completions.jsonl")}
+    data.extract_features(model, [done[p["id"]] for p in prompts], work / "features", a.kappa)
+    t2 = time.time()
+    report, weights = train_layers(work / "features", l2=a.l2)
+    t3 = time.time()
+    best = select(report)
+    probe = Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], a.kappa,
+                  {**identity(model, name), "val_f1": best["val_f1"], "val_auc": best["val_auc"],
+                   "test_f1": best["test_f1"], "test_auc": best["test_auc"]})
+    probe.save(a.out)
+    report.update(selected=best, seconds={"completions": t1 - t0, "features": t2 - t1,
+                                          "probes": t3 - t2, "total": t3 - t0})
+    (work / "report.json").write_text(json.dumps(report, indent=1))
+    import figures
+    figures.probe_figures(report, work, model, tok, probe, [done[p["id"]] for p in prompts if p["split"] == "test"])
+    print(f"layer {best['layer']} of {model.args.n_layers}, tau {best['tau']:.3f}: val F1 {best['val_f1']:.3f} "
+          f"AUC {best['val_auc']:.4f}; test F1 {best['test_f1']:.3f} AUC {best['test_auc']:.4f} -> {a.out}")
+    print(f"wall time: completions {t1 - t0:.0f}s, features {t2 - t1:.0f}s, probes {t3 - t2:.0f}s")
+
+
+def teacher_forced_scores(model, probe, ids):
+    """Probe scores at every position of ids, from one forward pass."""
+    mask, pos = llama.causal_mask(len(ids), 0, model.device)
+    with torch.inference_mode():
+        _, hid = model(torch.tensor(ids, device=model.device), pos, mask, model.new_cache(len(ids)),
+                       (probe.capture,), logits_at=slice(0, 0))
+    return probe.score(hid[probe.capture]).cpu().numpy()
+
+
+def cmd_eval(a):
+    import data
+    import switchsd
+    from drafters import CopyDrafter
+    from fetch import resolve
+    folder = resolve(a.model)
+    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    tok = llama.Tokenizer(folder)
+    probe = Probe.load(a.probe, model)
+    s_all, y_all = [], []
+    for row in data.read_prompts(a.prompts):
+        ids = tok.prompt_ids(row["prompt"])
+        res = switchsd.generate(model, ids, "copy", CopyDrafter(probe.kappa), max_new_tokens=a.max_new_tokens,
+                                stop_ids=tok.eos_ids)
+        full = ids + res.output_ids
+        s_all.append(teacher_forced_scores(model, probe, full)[len(ids):])
+        y_all.append(data.copy_labels(full, len(ids), probe.kappa))
+    s, y = np.concatenate(s_all), np.concatenate(y_all)
+    out = {**prf(s, y, probe.tau), "auc": roc_auc(s, y), "tokens": int(len(y)), "positives": int(y.sum())}
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in out.items()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train", help="completions -> features -> per-layer probes -> probe file")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, help="probe file to write (.safetensors)")
+    p.add_argument("--work", help="folder for completions and features (default runs/probe-NAME)")
+    p.add_argument("--prompts", default="data/prompts.jsonl")
+    p.add_argument("--train", type=int, default=960)
+    p.add_argument("--val", type=int, default=120)
+    p.add_argument("--test", type=int, default=120)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--kappa", type=int, default=5)
+    p.add_argument("--l2", type=float, default=1e-4)
+    p = sub.add_parser("eval", help="completions of new prompts, labelled, scored by a probe")
+    p.add_argument("--model", required=True)
+    p.add_argument("--probe", required=True)
+    p.add_argument("--prompts", required=True, help="JSON lines with a 'prompt' key")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    {"train": cmd_train, "eval": cmd_eval}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
