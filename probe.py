@@ -237,11 +237,45 @@ def cmd_train(a):
     report.update(selected=best, seconds={"completions": t1 - t0, "features": t2 - t1,
                                           "probes": t3 - t2, "total": t3 - t0})
     (work / "report.json").write_text(json.dumps(report, indent=1))
-    import figures
-    figures.probe_figures(report, work, model, tok, probe, [done[p["id"]] for p in prompts if p["split"] == "test"])
+    draw(report, work, model, tok, probe, [done[p["id"]] for p in prompts if p["split"] == "test"])
     print(f"layer {best['layer']} of {model.args.n_layers}, tau {best['tau']:.3f}: val F1 {best['val_f1']:.3f} "
           f"AUC {best['val_auc']:.4f}; test F1 {best['test_f1']:.3f} AUC {best['test_auc']:.4f} -> {a.out}")
     print(f"wall time: completions {t1 - t0:.0f}s, features {t2 - t1:.0f}s, probes {t3 - t2:.0f}s")
+
+
+def draw(report, work, model, tok, probe, test_rows):
+    """probe_layers.svg (F1 and AUC per layer), roc.svg (the chosen layer, test split) and
+    page.svg (a test completion shaded by probe score, true copy spans underlined)."""
+    import data
+    import figures
+    work = Path(work)
+    series = {}
+    for pos in ("attn", "mlp"):
+        rows = [r for r in report["layers"] if r["position"] == pos]
+        if rows:
+            series[f"val F1 ({pos})"] = ([r["layer"] for r in rows], [r["val_f1"] for r in rows])
+            series[f"val AUC ({pos})"] = ([r["layer"] for r in rows], [r["val_auc"] for r in rows])
+    figures.line_chart(work / "probe_layers.svg", series, "Copy-intent probe by layer", "layer",
+                       "validation score", ylim=(0, 1))
+    s = np.concatenate([teacher_forced_scores(model, probe, r["prompt_ids"] + r["output_ids"])[len(r["prompt_ids"]):]
+                        for r in test_rows])
+    y = np.concatenate([data.copy_labels(r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"]), probe.kappa)
+                        for r in test_rows])
+    fpr, tpr = roc_curve(s, y)
+    keep = np.unique(np.linspace(0, len(fpr) - 1, 400).astype(int))  # enough points to draw
+    figures.line_chart(work / "roc.svg", {f"layer {probe.layer} (AUC {roc_auc(s, y):.3f})":
+                                          (fpr[keep].tolist(), tpr[keep].tolist()), "chance": ([0, 1], [0, 1])},
+                       "ROC of the chosen probe, test split", "false positive rate", "true positive rate",
+                       ylim=(0, 1), markers=False)
+    # the page: the test completion whose labels are most mixed
+    r = max(test_rows, key=lambda r: min(*np.bincount(data.copy_labels(
+        r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"]), probe.kappa), minlength=2)))
+    ids, P = r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"])
+    sc = teacher_forced_scores(model, probe, ids)[P:]
+    marks = data.copy_labels(ids, P, probe.kappa).astype(bool).tolist()
+    pieces = [tok.decode(ids[P:P + i + 1])[len(tok.decode(ids[P:P + i])):] for i in range(len(ids) - P)]
+    figures.text_page(work / "page.svg", pieces, sc.tolist(), marks,
+                      f"Probe score per token (layer {probe.layer}, tau = {probe.tau:.2f}), {r['id']}")
 
 
 def teacher_forced_scores(model, probe, ids):

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 
+import data
 import drafters
 import llama
+import probe as probe_mod
 import switchsd
 from drafters import CopyDrafter, CopySpec, PromptLookup, Tree
 
@@ -693,3 +696,183 @@ def test_sps_sampling_is_lossless(tmp_path):
         res = switchsd.generate(target, prompt, "sps", None, sps, max_new_tokens=2, temperature=1.0, seed=seed)
         counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
     draws_match(counts, joint, n)
+
+
+# ---------------------------------------------------------------------------------------
+# The copy-intent probe: labels, training, selection, files
+# ---------------------------------------------------------------------------------------
+
+def brute_labels(ids, start, kappa):
+    """Y_j by definition: j inside a span of >= kappa tokens that also starts earlier."""
+    n, y = len(ids), [0] * len(ids)
+    for a in range(n):
+        for b in range(a + kappa - 1, n):
+            if any(ids[c:c + b - a + 1] == ids[a:b + 1] for c in range(a)):
+                y[a:b + 1] = [1] * (b - a + 1)
+    return y[start:]
+
+
+def test_copy_labels_match_brute_force():
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randrange(1, 45)
+        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
+        start, kappa = rng.randrange(n), rng.randrange(1, 7)
+        assert data.copy_labels(ids, start, kappa).tolist() == brute_labels(ids, start, kappa)
+
+
+def test_trainer_recovers_a_planted_direction():
+    g = torch.Generator().manual_seed(0)
+    w_true = torch.randn(48, generator=g)
+    X = torch.randn(3000, 48, generator=g) * 5 + 2  # an offset, as real residual streams have
+    y = ((X - 2) @ w_true > 0).float()
+    w = probe_mod.fit(X[:2000], y[:2000])
+    s = torch.sigmoid(X[2000:] @ w).numpy()
+    assert probe_mod.roc_auc(s, y[2000:].numpy()) > 0.97
+
+
+def test_metrics_and_selection_on_hand_made_tables():
+    s = np.array([0.9, 0.8, 0.7, 0.6, 0.4, 0.3, 0.2, 0.1])
+    y = np.array([1, 1, 0, 1, 0, 0, 1, 0])
+    assert probe_mod.roc_auc(s, y) == pytest.approx(12 / 16)  # 12 of 16 pairs ordered right
+    assert probe_mod.roc_auc([0.5, 0.5], [1, 0]) == 0.5  # ties count half
+    tau, f1 = probe_mod.best_threshold(s, y)
+    assert tau == 0.6 and f1 == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
+    assert probe_mod.prf(s, y, 0.6) == {"precision": 0.75, "recall": 0.75, "f1": 0.75}
+    assert probe_mod.best_threshold([0.5, 0.5, 0.2], [1, 0, 0])[0] == 0.5  # never splits a tie
+    report = {"layers": [{"position": "attn", "layer": 0, "val_f1": 0.5},
+                         {"position": "attn", "layer": 1, "val_f1": 0.8},
+                         {"position": "mlp", "layer": 2, "val_f1": 0.9}]}
+    assert probe_mod.select(report)["layer"] == 1 and probe_mod.select(report, "mlp")["layer"] == 2
+
+
+def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
+    model, _ = tiny
+    p = probe_mod.Probe(torch.randn(64), 2, "attn", 0.42, 5, probe_mod.identity(model, "tiny"))
+    p.save(tmp_path / "p.safetensors")
+    q = probe_mod.Probe.load(tmp_path / "p.safetensors", model)
+    assert (q.layer, q.position, q.tau, q.kappa, q.meta) == (2, "attn", 0.42, 5, p.meta)
+    torch.testing.assert_close(q.w, p.w)
+    with pytest.raises(ValueError, match="probe made for a model with hidden_size 64, this model has 128"):
+        probe_mod.Probe.load(tmp_path / "p.safetensors", copier_model)
+    other = llama.Model.from_pretrained(make_checkpoint(tmp_path / "o", seed=5), torch.float32)
+    with pytest.raises(ValueError, match="probe made for a model with fingerprint"):
+        probe_mod.Probe.load(tmp_path / "p.safetensors", other)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a probe")
+    with pytest.raises(ValueError, match="bad.safetensors: not a probe file"):
+        probe_mod.Probe.load(tmp_path / "bad.safetensors")
+    with pytest.raises(FileNotFoundError, match="probe file not found"):
+        probe_mod.Probe.load(tmp_path / "none.safetensors")
+
+
+def planted_probe(model, tokens, layer=0, tau=0.5):
+    """A probe that fires (score ~1) exactly when the current token is one of `tokens`:
+    the copying model keeps the current token one-hot in dims 0..31 of its residual."""
+    w = torch.zeros(model.args.dim)
+    w[:32] = -20.0
+    w[list(tokens)] = 20.0
+    return probe_mod.Probe(w, layer, "attn", tau, 5, probe_mod.identity(model))
+
+
+def test_probe_scores_align_with_output_ids(copier_model):
+    m = copier_model
+    p = probe_mod.Probe(torch.randn(m.args.dim, generator=torch.Generator().manual_seed(0)) * 0.3,
+                        1, "attn", 0.5, 5)
+    prompt = repetitive_prompts(1, seed=2)[0]
+    res = switchsd.generate(m, prompt, "copy", CopyDrafter(2, 3, 8), probe=p, max_new_tokens=30)
+    assert len(res.probe_scores) == len(res.output_ids) and res.probe_scores[-1] is None
+    assert max(s.accepted for s in res.steps) > 2  # multi-token steps happened
+    ids = prompt + res.output_ids
+    ref = probe_mod.teacher_forced_scores(m, p, ids)[len(prompt):len(ids) - 1]
+    np.testing.assert_allclose(res.probe_scores[:-1], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_feature_pipeline_end_to_end(tiny, tmp_path):
+    model, folder = tiny
+    tok = llama.Tokenizer(folder)
+    rows = [{"id": f"k-{i}", "kind": "k", "split": sp, "prompt": f"say {i} twice: abc {i} abc {i}"}
+            for i, sp in enumerate(["train"] * 6 + ["val"] * 2 + ["test"] * 2)]
+    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)
+    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)  # resumes: no-op
+    comps = data.read_jsonl(tmp_path / "c.jsonl")
+    assert [c["id"] for c in comps] == [r["id"] for r in rows]
+    data.extract_features(model, comps, tmp_path / "f", kappa=2)
+    attn = data.open_features(tmp_path / "f", "attn")
+    n = sum(len(c["output_ids"]) for c in comps)
+    assert attn.shape == (model.args.n_layers, n, model.args.dim)
+    c = comps[3]  # the features are the hidden states at the completion tokens
+    ids, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
+    mask, pos = llama.causal_mask(len(ids), 0)
+    _, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)), [("attn", 2)])
+    a = sum(len(x["output_ids"]) for x in comps[:3])
+    np.testing.assert_allclose(attn[2, a:a + len(ids) - P], hid["attn", 2][P:].numpy(), rtol=1e-2, atol=1e-2)
+    report, weights = probe_mod.train_layers(tmp_path / "f", log=lambda *_: None)
+    assert len(report["layers"]) == 2 * model.args.n_layers and set(weights) == {
+        (p, l) for p in ("attn", "mlp") for l in range(model.args.n_layers)}
+
+
+# ---------------------------------------------------------------------------------------
+# SwitchSD: the gate, BanditSpec, end to end
+# ---------------------------------------------------------------------------------------
+
+def test_gate_truth_table(copier_model):
+    """copy iff probe >= tau AND the kappa-gram recurred; otherwise the neural path."""
+    m = copier_model
+    prompt = repetitive_prompts(1, seed=9)[0]
+    on, off = planted_probe(m, range(32)), planted_probe(m, [])
+    for probe, kappa, expect_copy in ((on, 2, True), (on, 40, False), (off, 2, False), (off, 40, False)):
+        res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(kappa, 2, 8), probe=probe, max_new_tokens=30)
+        assert any(s.path == "copy" for s in res.steps) == expect_copy, (probe is on, kappa)
+    # a probe firing on chosen tokens: copy steps start exactly after those tokens
+    chosen = {3, 7, 11, 19, 23}
+    probe = planted_probe(m, chosen)
+    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(2, 2, 8), probe=probe, max_new_tokens=40)
+    ctx = list(prompt)
+    for s in res.steps:
+        fired = ctx[-2] in chosen  # the score comes from the last token the target ran
+        room = len(ctx) - len(prompt) < 39  # with one token left to emit, nothing is drafted
+        assert s.path == ("copy" if fired and room and CopyDrafter(2).matches(ctx) else "ar")
+        ctx += res.output_ids[len(ctx) - len(prompt):][:s.accepted + 1]
+
+
+def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
+    target = neural_setup[0]
+    copied = 0
+    for prompt in repetitive_prompts(3, seed=13):
+        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
+        for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
+            for method in ("switchsd", "banditspec"):
+                probe = planted_probe(target, range(0, 32, 2))
+                res = switchsd.generate(target, prompt, method, CopyDrafter(3, 3, 10), make(), probe,
+                                        max_new_tokens=40)
+                assert res.output_ids == ref, method
+                copied += sum(s.accepted for s in res.steps if s.path == "copy")
+    assert copied > 50
+
+
+def test_switchsd_sampling_is_lossless(tmp_path):
+    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), 2)
+    probe = probe_mod.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
+    p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts = 3000, {}
+    for seed in range(n):
+        res = switchsd.generate(target, prompt, "switchsd", CopyDrafter(2, 2, 3), draft, probe,
+                                max_new_tokens=2, temperature=1.0, seed=seed)
+        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+    draws_match(counts, joint, n)
+
+
+def test_ucb1_prefers_the_faster_arm():
+    b = switchsd.UCB1(["copy", "neural"])
+    rng = random.Random(0)
+    picks = []
+    for _ in range(300):
+        arm = b.pick()
+        picks.append(arm)
+        b.update(arm, rng.gauss(30 if arm == "copy" else 10, 3))
+    assert picks[:2] == ["copy", "neural"] and picks[-100:].count("copy") > 90
