@@ -607,6 +607,65 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
     progress(len(completions), len(completions), t0, "features")
 
 
+# ---------------------------------------------------------------------------------------
+# EAGLE-3 training data: the target's fused-layer inputs and next-token distributions
+# ---------------------------------------------------------------------------------------
+
+def draft_vocabulary(completions, n: int) -> list[int]:
+    """The n most frequent tokens of the completions (EAGLE-3's draft vocabulary), sorted."""
+    counts = np.bincount(np.concatenate([c["output_ids"] for c in completions]))
+    return sorted(np.argsort(-counts, kind="stable")[:n].tolist())
+
+
+def eagle_features(model, completions, folder, draft_ids, topk=32):
+    """One forward pass per example: the inputs of layers 2, L//2 and L-3 at every position
+    (the head's input), and the target's top-k logits over the draft vocabulary at every
+    position (its training target). Resumable per example."""
+    import time
+    import torch
+    import llama
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    L, H = model.args.n_layers, model.args.dim
+    layers = (2, L // 2, L - 3)
+    index = folder / "index.json"
+    if index.exists():
+        info = json.loads(index.read_text())
+    else:
+        lens = [len(c["prompt_ids"]) + len(c["output_ids"]) for c in completions]
+        info = {"ids": [c["id"] for c in completions], "splits": [c["split"] for c in completions],
+                "prompt_lens": [len(c["prompt_ids"]) for c in completions],
+                "offsets": np.cumsum([0] + lens).tolist(), "done": 0, "layers": layers,
+                "draft_ids": list(draft_ids), "topk": topk, "fingerprint": model.fingerprint()}
+        N = info["offsets"][-1]
+        np.lib.format.open_memmap(folder / "feats.npy", "w+", np.float16, (N, 3 * H))
+        np.lib.format.open_memmap(folder / "top_logits.npy", "w+", np.float16, (N, topk))
+        np.lib.format.open_memmap(folder / "top_ids.npy", "w+", np.int32, (N, topk))
+        np.save(folder / "tokens.npy", np.concatenate([c["prompt_ids"] + c["output_ids"] for c in completions]))
+        index.write_text(json.dumps(info))
+    feats, tl, ti = (np.lib.format.open_memmap(folder / f, "r+") for f in ("feats.npy", "top_logits.npy", "top_ids.npy"))
+    keep = torch.tensor(info["draft_ids"])
+    t0 = time.time()
+    for i in range(info["done"], len(completions)):
+        progress(i, len(completions), t0, "eagle features")
+        c = completions[i]
+        ids = c["prompt_ids"] + c["output_ids"]
+        a, b = info["offsets"][i], info["offsets"][i + 1]
+        mask, pos = llama.causal_mask(len(ids), 0)
+        with torch.inference_mode():
+            logits, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)),
+                                [("in", l) for l in layers])
+        feats[a:b] = torch.cat([hid["in", l] for l in layers], -1).float().clamp(-65000, 65000).numpy()
+        v, j = logits[:, keep].topk(topk, dim=-1)  # over the draft vocabulary, as EAGLE-3 trains
+        tl[a:b], ti[a:b] = v.numpy(), j.numpy()
+        if (i + 1) % 20 == 0 or i + 1 == len(completions):
+            for m in (feats, tl, ti):
+                m.flush()
+            info["done"] = i + 1
+            index.write_text(json.dumps(info))
+    progress(len(completions), len(completions), t0, "eagle features")
+
+
 def subset(prompts, sizes: dict) -> list[dict]:
     """The first sizes[split] prompts of each split, taking kinds in turn (stays balanced)."""
     out = []

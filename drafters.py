@@ -232,15 +232,10 @@ class Eagle3Head(nn.Module):
     def __init__(self, cfg: dict, target_dim: int):
         super().__init__()
         H = cfg["hidden_size"]
-        n_heads = cfg["num_attention_heads"]
-        self.args = llama.ModelArgs(
-            arch="Eagle3", dim=H, n_layers=1, n_heads=n_heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-            head_dim=cfg.get("head_dim") or H // n_heads, ffn_dim=cfg["intermediate_size"],
-            vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
-            norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"), max_seq_len=cfg.get("max_position_embeddings", 2048),
-            qkv_bias=False, qk_norm=False, tie_embeddings=False)
+        # A Llama layer's settings (rope, heads, norms), with the draft vocabulary as output.
+        self.args = llama.ModelArgs.from_config(
+            {**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "attention_bias": False,
+             "vocab_size": cfg.get("draft_vocab_size") or cfg["vocab_size"]}, "EAGLE-3 config.json")
         a = self.args
         self.fc = llama.Linear(3 * target_dim, H, bias=False)
         self.midlayer = nn.Module()
@@ -384,3 +379,181 @@ class Eagle3:
                 mask, _ = llama.causal_mask(1, self.cache.n, dev)
                 h = self.head(embed(torch.tensor([x], device=dev)), h, p, mask, self.cache)
         return Tree.chain(ctx[-1], toks, qs)
+
+
+# ---------------------------------------------------------------------------------------
+# Training an EAGLE-3 head on the target's own completions (self-distillation)
+# ---------------------------------------------------------------------------------------
+
+class ConcatCache:
+    """A KV cache that grows by concatenation: autograd-safe, for training only."""
+
+    def __init__(self):
+        self.k = self.v = None
+        self.n = 0
+
+    def write(self, layer, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        return self.k, self.v
+
+
+def unroll(head, embed, feats, tokens, steps: int):
+    """EAGLE-3's training-time test: run the head `steps` times over one sequence, each
+    step on its own previous outputs, as drafting does. Row j of step s reads token j+1+s
+    and, from step 1 on, the head's step s-1 output at row j; it sits at position j+s, sees
+    the real rows <= j of step 0 and its own rows of steps 1..s, and predicts token j+2+s.
+    feats: (R, 3H) target features of rows j < R; tokens: the sequence (len >= R + 1).
+    Returns one (R, draft_vocab) logits tensor per step."""
+    R = len(feats)
+    cache, h, out = ConcatCache(), head.fc(feats), []
+    causal = torch.ones(R, R, dtype=torch.bool).tril()
+    eye = torch.eye(R, dtype=torch.bool)
+    for s in range(steps):
+        tok = torch.tensor(tokens[1 + s:1 + s + R] + [0] * max(0, R + 1 + s - len(tokens)))
+        mask = torch.cat([causal] + [eye] * s, dim=1)
+        h = head(embed(tok).to(h.dtype), h, torch.arange(R) + s, mask, cache)
+        out.append(head.logits(h))
+    return out
+
+
+def eagle3_loss(head, embed, ex, steps: int):
+    """sum_s 0.8^s * cross-entropy(target's top-k distribution, head's prediction) over
+    the rows whose predicted token lies in the completion (EAGLE-3's weights per step)."""
+    T = len(ex["tokens"])
+    logits = unroll(head, embed, ex["feats"][:T - 2], ex["tokens"], steps)
+    total = 0.0
+    for s, lg in enumerate(logits):
+        j = torch.arange(len(lg))
+        valid = (j + 2 + s >= ex["prompt_len"]) & (j + 2 + s < T)
+        at = (j + 1 + s).clamp(max=T - 1)  # the target's logits at j+1+s predict token j+2+s
+        p = torch.softmax(ex["top_logits"][at].float(), -1)
+        logq = torch.log_softmax(lg, -1).gather(1, ex["top_ids"][at].long())
+        total = total + 0.8 ** s * (-(p * logq).sum(-1) * valid).sum() / valid.sum().clamp_min(1)
+    return total
+
+
+@torch.no_grad()
+def acceptance_length(head, embed, examples, gamma: int, d2t) -> float:
+    """Expected tokens per target forward of greedy chain drafting with gamma tokens,
+    teacher-forced on the target's own greedy completions: 1 + the mean number of leading
+    draft tokens equal to what the target emitted."""
+    total, n = 0.0, 0
+    for ex in examples:
+        T, P = len(ex["tokens"]), ex["prompt_len"]
+        logits = unroll(head, embed, ex["feats"][:T - 2], ex["tokens"], gamma)
+        tok = torch.tensor(ex["tokens"])
+        alive = torch.ones(T - 2, dtype=torch.bool)
+        run = torch.zeros(T - 2)
+        for s, lg in enumerate(logits):
+            d = lg.argmax(-1)
+            j = torch.arange(T - 2)
+            ok = (j + 2 + s < T) & ((d + d2t[d]) == tok[(j + 2 + s).clamp(max=T - 1)])
+            alive &= ok
+            run += alive
+        rows = torch.arange(T - 2) + 2 >= P  # rows that draft the completion's tokens
+        total += float((1 + run[rows]).sum())
+        n += int(rows.sum())
+    return total / max(n, 1)
+
+
+def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
+                 eval_every=200, seed=0, log=print):
+    """Train a head on data.eagle_features(folder); save it to `out` in the official layout."""
+    import time
+    import numpy as np
+    folder = Path(folder)
+    info = json.loads((folder / "index.json").read_text())
+    if info["done"] != len(info["ids"]):
+        raise ValueError(f"{folder}: EAGLE features are incomplete ({info['done']}/{len(info['ids'])})")
+    arrays = {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in ("feats", "top_logits", "top_ids")}
+    tokens = np.load(folder / "tokens.npy")
+
+    def example(i):
+        a, b = info["offsets"][i], info["offsets"][i + 1]
+        return {"tokens": tokens[a:b].tolist(), "prompt_len": info["prompt_lens"][i],
+                **{k: torch.from_numpy(np.asarray(v[a:b], dtype=np.float32 if k != "top_ids" else np.int64))
+                   for k, v in arrays.items()}}
+
+    train = [i for i, s in enumerate(info["splits"]) if s == "train"]
+    val = [example(i) for i, s in enumerate(info["splits"]) if s == "val"][:40]
+    a = target.args
+    draft_ids = torch.tensor(info["draft_ids"])
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": a.dim,
+           "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
+           "intermediate_size": intermediate or a.ffn_dim, "num_hidden_layers": 1, "rms_norm_eps": a.norm_eps,
+           "rope_theta": a.rope_theta, "rope_scaling": a.rope_scaling, "max_position_embeddings": a.max_seq_len,
+           "vocab_size": a.vocab_size, "draft_vocab_size": len(draft_ids), "hidden_act": "silu",
+           "tie_word_embeddings": False, "target_fingerprint": target.fingerprint()}
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg, a.dim).float()
+    with torch.no_grad():  # start from the target's own output layer over the draft vocabulary
+        for name, p in head.named_parameters():
+            if p.ndim == 2:
+                nn.init.normal_(p, std=0.02)
+        head.lm_head.weight.copy_(target.lm_head.weight[draft_ids].float())
+        head.norm.weight.copy_(target.model.norm.weight.float())
+        head.fc.weight.zero_()
+        head.fc.weight[:, 2 * a.dim:] = torch.eye(a.dim)  # start as the deepest feature
+        head.d2t = draft_ids - torch.arange(len(draft_ids))
+    weight = target.model.embed_tokens.weight
+
+    def embed(ids):
+        return weight[ids].float()
+
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 50) * max(0.05, 1 - t / steps))
+    rng, curve, t0 = np.random.default_rng(seed), [], time.time()
+    head.train()
+    for step in range(steps + 1):
+        if step % eval_every == 0 or step == steps:
+            head.eval()
+            acc = acceptance_length(head, embed, val, gamma, head.d2t)
+            curve.append({"step": step, "seconds": round(time.time() - t0, 1), "acceptance_length": acc})
+            log(f"step {step}: val acceptance length {acc:.3f} (gamma {gamma}), {time.time() - t0:.0f}s")
+            head.train()
+        if step == steps:
+            break
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = eagle3_loss(head, embed, example(int(rng.choice(train))), ttt)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        opt.step()
+        sched.step()
+    head.eval().to(torch.bfloat16)
+    head.d2t = draft_ids - torch.arange(len(draft_ids))
+    head.save(out, cfg)
+    (Path(out) / "training_curve.json").write_text(json.dumps(curve, indent=1))
+    return curve
+
+
+def main(argv=None):
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(description="Train an EAGLE-3 head for a target model.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train-eagle3", help="self-distillation on the target's own completions")
+    p.add_argument("--model", required=True, help="target: HF folder or demo name")
+    p.add_argument("--completions", required=True, help="data.py completions (JSON lines)")
+    p.add_argument("--work", required=True, help="folder for the extracted features")
+    p.add_argument("--out", required=True, help="head folder to write (official layout)")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=2000, help="training sequences")
+    p.add_argument("--ttt", type=int, default=3, help="training-time-test unroll steps")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--intermediate", type=int, help="MLP width (default: the target's)")
+    p.add_argument("--eval-every", type=int, default=200)
+    a = ap.parse_args(argv)
+    import data
+    from fetch import resolve
+    target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
+    comps = data.read_jsonl(a.completions)
+    ids = data.draft_vocabulary([c for c in comps if c["split"] == "train"], a.draft_vocab)
+    data.eagle_features(target, comps, a.work, ids)
+    train_eagle3(target, a.work, a.out, a.steps, a.ttt, a.lr, a.intermediate, eval_every=a.eval_every,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -876,3 +876,48 @@ def test_ucb1_prefers_the_faster_arm():
         picks.append(arm)
         b.update(arm, rng.gauss(30 if arm == "copy" else 10, 3))
     assert picks[:2] == ["copy", "neural"] and picks[-100:].count("copy") > 90
+
+
+def test_eagle3_training_unroll_matches_inference_drafting(neural_setup):
+    """The training-time test (drafters.unroll) computes exactly what chain drafting does:
+    run on the drafter's own proposals, its argmax at every step is that proposal."""
+    target, _, head = neural_setup
+    prompt = repetitive_prompts(1, seed=21)[0]
+    d = drafters.Eagle3(head, target, gamma=4)
+    d.reset(len(prompt) + 8)
+    L = target.args.n_layers
+    with torch.inference_mode():
+        mask, pos = llama.causal_mask(len(prompt) - 1, 0)
+        _, hid = target(torch.tensor(prompt[:-1]), pos, mask, target.new_cache(len(prompt)), d.capture)
+        d.observe(hid)
+        drafted = d.propose(prompt, 4, 0.0, 1.0, None).tokens[1:]
+        feats = torch.cat([hid[c] for c in d.capture], -1)
+        logits = drafters.unroll(head, target.model.embed_tokens, feats, prompt + drafted, 4)
+    j = len(prompt) - 2  # the row of the last real position
+    got = [int(lg[j].argmax()) + int(head.d2t[int(lg[j].argmax())]) for lg in logits]
+    assert got == drafted
+
+
+def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
+    target = neural_setup[0]
+    prompt = repetitive_prompts(1, seed=5)[0]
+    ids = prompt + switchsd.generate(target, prompt, max_new_tokens=30).output_ids  # self-distillation
+    cfg = eagle_config(target, target.args.vocab_size)
+    torch.manual_seed(0)
+    head = drafters.Eagle3Head(cfg, target.args.dim).float()
+    with torch.inference_mode():
+        mask, pos = llama.causal_mask(len(ids), 0)
+        logits, hid = target(torch.tensor(ids), pos, mask, target.new_cache(len(ids)), [("in", 2), ("in", 2), ("in", 1)])
+    feats = torch.cat([hid["in", 2], hid["in", 2], hid["in", 1]], -1)
+    top_logits, top_ids = logits.topk(8, dim=-1)
+    ex = {"tokens": ids, "prompt_len": len(prompt), "feats": feats, "top_logits": top_logits, "top_ids": top_ids}
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = drafters.eagle3_loss(head, target.model.embed_tokens, ex, steps=3)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0]
+    assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
