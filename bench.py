@@ -1,11 +1,17 @@
 """Benchmarks: every figure in the README comes from one of these commands.
 
-    python bench.py ar      [--models ...]          # our autoregressive decoding vs transformers
-    python bench.py copy    [--model ...]           # AR, PLD, CopySpec, copy (+ HF prompt lookup)
+    python bench.py ar                      # our autoregressive decoding vs transformers
+    python bench.py copy                    # AR, PLD, CopySpec, copy, transformers' PLD; W sweep
+    python bench.py neural                  # SPS, EAGLE-3, transformers' assisted generation; gamma sweep
+    python bench.py table1 [--quick]        # the paper's Table 1: all methods, three tasks
+    python bench.py analysis                # the paper's section 4.2: accepted lengths by probe state
+    python bench.py probe-cost              # the probe's share of a decoding step
 
-Timings on a shared CPU are noisy, so every comparison is made in one run, methods
-interleaved per prompt, and reported as the median over prompts of per-prompt ratios.
-transformers is a benchmark-only dependency (requirements-dev.txt).
+Timings on a shared CPU are noisy, so every comparison is made in one run with the methods
+interleaved per prompt, and reported as the median over prompts of per-prompt ratios to AR.
+Greedy outputs are checked against AR: identical, or diverging at a near-tie of the target's
+logits, which bf16 batched verification may flip (reported, never hidden). transformers is a
+benchmark-only dependency (requirements-dev.txt).
 """
 import argparse
 import gzip
@@ -20,9 +26,13 @@ import torch
 
 import llama
 import switchsd
+from drafters import CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Head, PromptLookup
 from fetch import resolve
+from probe import Probe
 
-SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parent / "shared" / "data"
+TASKS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -42,7 +52,7 @@ def task_prompts(task: str, n: int, path: str | None = None) -> list[str]:
                 f"```python\n{r['prompt']}```" for r in rows[:n]]
     files = {"math500": "math500_dev.jsonl", "cnndm": "cnndm_dev.jsonl"}
     if task not in files:
-        raise ValueError(f"unknown task {task!r} (humaneval, math500, cnndm)")
+        raise ValueError(f"unknown task {task!r} ({', '.join(TASKS)})")
     with open(path or SHARED / files[task]) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if task == "math500":
@@ -52,65 +62,428 @@ def task_prompts(task: str, n: int, path: str | None = None) -> list[str]:
 
 
 def machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}")
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------
-# ar: our autoregressive decoding against transformers' generate
+# Running methods side by side
 # ---------------------------------------------------------------------------------------
 
-def hf_generate(hf, ids, n, **kw):
+class Setup:
+    """A target, its tokenizer, and the drafters and probe the methods may use."""
+
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, dtype="bfloat16"):
+        self.name = model_name
+        folder = resolve(model_name)
+        dtype = getattr(torch, dtype)
+        self.model = llama.Model.from_pretrained(folder, dtype)
+        self.tok = llama.Tokenizer(folder)
+        self.folder, self.gamma, self.width = folder, gamma, width
+        self.draft = llama.Model.from_pretrained(resolve(draft), dtype) if draft else None
+        self.head = Eagle3Head.load(eagle, self.model) if eagle else None
+        path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
+        self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
+
+    def neural(self, kind, gamma=None):
+        g = gamma or self.gamma
+        if kind == "sps":
+            return DraftModel(self.draft, g)
+        if kind == "eagle3":
+            return Eagle3(self.head, self.model, g)
+        return None
+
+    def run(self, method: str, ids, max_new, gamma=None, width=None):
+        """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"."""
+        base, _, fam = method.partition("[")
+        fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
+        k = self.probe.kappa if self.probe else 5
+        copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
+                  "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
+                  "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
+        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma)
+        kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
+                "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
+        return switchsd.generate(self.model, ids, kind, copier, neural,
+                                 self.probe if kind == "switchsd" else None,
+                                 max_new_tokens=max_new, stop_ids=self.tok.eos_ids)
+
+
+def hf_generate(hf, ids, n, stop_ids, **kw):
     """transformers' greedy generate; returns (new ids, seconds)."""
     x = torch.tensor([ids])
     t = time.perf_counter()
     with torch.inference_mode():
-        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0, **kw)
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                          eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], **kw)
     return out[0, len(ids):].tolist(), time.perf_counter() - t
 
 
-def bench_ar(a):
+def agreement(setup, ids, ref, out) -> str:
+    """'same' if out == ref (AR), 'tie' if they part at a near-tie of the target's logits
+    (|logit gap| < 0.25: bf16 batched verification may flip it), else 'DIFF' (a bug)."""
+    if out == ref:
+        return "same"
+    i = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
+    if i is None:  # one is a prefix of the other: no token to blame on a tie
+        return "DIFF"
+    ctx = ids + ref[:i]
+    mask, pos = llama.causal_mask(len(ctx), 0)
+    with torch.inference_mode():
+        logits = setup.model(torch.tensor(ctx), pos, mask, setup.model.new_cache(len(ctx)),
+                             logits_at=slice(-1, None))[0][0]
+    return "tie" if abs(float(logits[ref[i]] - logits[out[i]])) < 0.25 else "DIFF"
+
+
+def row_stats(res) -> dict:
+    s = switchsd.summary(res)
+    steps = res.steps
+    copy = [x for x in steps if x.path == "copy"]
+    return {"tps": s["tokens_per_second"], "tokens": s["new_tokens"], "seconds": res.seconds,
+            "forwards": len(steps), "copy_steps": len(copy), "copy_accepted": sum(x.accepted for x in copy),
+            "copy_zero": sum(x.accepted == 0 for x in copy)}
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
+    accepted length, copy activation and copy run pooled over all steps."""
+    f = sum(r["forwards"] for r in rows)
+    c = sum(r["copy_steps"] for r in rows)
+    return {"tps": statistics.median(r["tps"] for r in rows),
+            "speedup": statistics.median(r["speedup"] for r in rows),
+            "mean_accepted": sum(r["tokens"] for r in rows) / max(f, 1),
+            "copy_rate": c / max(f, 1),
+            "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
+            "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
+            "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
+            "ties": sum(r["agree"] == "tie" for r in rows)}
+
+
+def side_by_side(setup, methods, tasks, n, max_new, hf=None) -> dict:
+    """Run every method on every prompt, interleaved; AR first on each prompt (the reference).
+    hf: {"HF-...": callable(ids) -> (ids, seconds)} baselines from transformers."""
+    results = {}
+    for task in tasks:
+        per = {m: [] for m in methods + list(hf or {})}
+        for pi, text in enumerate(task_prompts(task, n)):
+            ids = setup.tok.prompt_ids(text)
+            ar = None
+            for m in methods:
+                res = setup.run(m, ids, max_new)
+                r = row_stats(res)
+                if m == "AR":
+                    ar = (res.output_ids, r["tps"])
+                r["speedup"] = r["tps"] / ar[1]
+                r["agree"] = agreement(setup, ids, ar[0], res.output_ids)
+                if r["agree"] == "DIFF":
+                    raise AssertionError(f"{m} on {task} prompt {pi}: output differs from AR beyond a near-tie")
+                per[m].append(r)
+                log(f"{task} #{pi} {m}: {r['tps']:.2f} tok/s ({r['speedup']:.2f}x), "
+                    f"{r['tokens'] / r['forwards']:.2f} tok/forward, copy {r['copy_steps']}/{r['forwards']}")
+            for name, fn in (hf or {}).items():
+                out, sec = fn(ids)
+                tps = len(out) / sec
+                per[name].append({"tps": tps, "speedup": tps / ar[1], "tokens": len(out), "forwards": 0,
+                                  "copy_steps": 0, "copy_accepted": 0, "copy_zero": 0,
+                                  "agree": agreement(setup, ids, ar[0], out)})
+                log(f"{task} #{pi} {name}: {tps:.2f} tok/s ({tps / ar[1]:.2f}x)")
+        results[task] = {m: aggregate(rows) for m, rows in per.items()}
+    return results
+
+
+def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "copy_run", "copy_tax",
+                               "agreement")) -> str:
+    names = {"tps": "tok/s", "speedup": "speedup", "mean_accepted": "tokens/forward",
+             "copy_rate": "copy steps", "copy_run": "copy run", "copy_tax": "zero-accept copies",
+             "agreement": "= AR (bf16)"}
+    lines = []
+    for task, rows in results.items():
+        lines += [f"\n**{TASKS.get(task, task)}**\n", "| method | " + " | ".join(names[c] for c in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
+        for m, r in rows.items():
+            cells = []
+            for c in cols:
+                v = r[c]
+                if v is None:
+                    cells.append("-")
+                elif c in ("copy_rate", "copy_tax"):
+                    cells.append(f"{100 * v:.1f}%")
+                elif c == "speedup":
+                    cells.append(f"{v:.2f}x")
+                elif isinstance(v, float):
+                    cells.append(f"{v:.2f}")
+                else:
+                    cells.append(str(v))
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def hf_model(name):
     import transformers
+    return transformers.AutoModelForCausalLM.from_pretrained(resolve(name), dtype=torch.bfloat16).eval()
+
+
+def save(results, out, header):
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    md = f"{header}\n{table(results)}\n"
+    out.with_suffix(".md").write_text(md)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    print(md)
+
+
+# ---------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------
+
+def bench_ar(a):
     rows = []
     for name in a.models:
-        folder = resolve(name)
-        ours = llama.Model.from_pretrained(folder, torch.bfloat16)
-        tok = llama.Tokenizer(folder)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-        prompts = [tok.prompt_ids(p) for p in task_prompts("humaneval", a.prompts)]
-        switchsd.generate(ours, prompts[0], max_new_tokens=4)  # warm up both
-        hf_generate(hf, prompts[0], 4)
+        s = Setup(name)
+        hf = hf_model(name)
+        prompts = [s.tok.prompt_ids(p) for p in task_prompts("humaneval", a.prompts)]
+        s.run("AR", prompts[0], 4)
+        hf_generate(hf, prompts[0], 4, s.tok.eos_ids)  # warm up both
         ratios, same, tps_o, tps_h = [], 0, [], []
         for ids in prompts:
-            r = switchsd.generate(ours, ids, max_new_tokens=a.tokens)
-            h_ids, h_sec = hf_generate(hf, ids, a.tokens)
-            o = len(r.output_ids) / r.seconds
-            h = len(h_ids) / h_sec
+            r = s.run("AR", ids, a.tokens)
+            h_ids, h_sec = hf_generate(hf, ids, a.tokens, s.tok.eos_ids)
+            o, h = len(r.output_ids) / r.seconds, len(h_ids) / h_sec
             tps_o.append(o)
             tps_h.append(h)
             ratios.append(o / h)
             same += r.output_ids == h_ids
-            print(f"{name}: ours {o:.2f} tok/s, transformers {h:.2f} tok/s", file=sys.stderr)
-        rows.append(dict(model=name, ours_tps=statistics.median(tps_o), hf_tps=statistics.median(tps_h),
-                         ratio=statistics.median(ratios), identical=f"{same}/{len(prompts)}"))
-        del ours, hf
-    print("| model | ours tok/s | transformers tok/s | ratio (median) | identical outputs (bf16) |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['model']} | {r['ours_tps']:.2f} | {r['hf_tps']:.2f} | {r['ratio']:.2f} | {r['identical']} |")
-    print(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, "
-          f"{a.prompts} HumanEval prompts, bf16, greedy")
+            log(f"{name}: ours {o:.2f} tok/s, transformers {h:.2f} tok/s")
+        rows.append((name, statistics.median(tps_o), statistics.median(tps_h), statistics.median(ratios),
+                     f"{same}/{len(prompts)}"))
+        del s, hf
+    lines = ["| model | ours tok/s | transformers tok/s | ratio (median) | identical outputs (bf16) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {n} | {o:.2f} | {h:.2f} | {r:.2f} | {i} |" for n, o, h, r, i in rows]
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, "
+                 f"{a.prompts} HumanEval prompts, bf16, greedy. Command: python bench.py ar")
+    Path("runs").mkdir(exist_ok=True)
+    Path("runs/bench_ar.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def bench_copy(a):
+    s = Setup(a.model)
+    hf = hf_model(a.model)
+    pld = {"HF-PLD": lambda ids: hf_generate(hf, ids, a.tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)}
+    methods = ["AR", "PLD", "CopySpec", "copy"]
+    res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, hf=pld)
+    head = (f"# Copy path, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
+            f"{a.prompts} prompts per task, {a.tokens} new tokens; copy: kappa 5, W {s.width}, D 20.\n"
+            f"Command: python bench.py copy --model {a.model} --prompts {a.prompts} --tokens {a.tokens}")
+    save(res, f"runs/bench_copy_{Path(a.model).name}", head)
+    # W sweep: the copy path alone, on the same prompts
+    results = {}
+    for task in a.tasks:
+        per = {f"W={w}": [] for w in a.widths}
+        for text in task_prompts(task, a.prompts):
+            ids = s.tok.prompt_ids(text)
+            ar = row_stats(s.run("AR", ids, a.tokens))
+            for w in a.widths:
+                r = row_stats(s.run("copy", ids, a.tokens, width=w))
+                r["speedup"], r["agree"] = r["tps"] / ar["tps"], "same"
+                per[f"W={w}"].append(r)
+                log(f"{task} W={w}: {r['tps']:.2f} tok/s ({r['speedup']:.2f}x)")
+        results[task] = {k: aggregate(v) for k, v in per.items()}
+    save(results, f"runs/bench_copy_width_{Path(a.model).name}",
+         f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\nCommand: python bench.py copy "
+         f"--model {a.model} --widths {' '.join(map(str, a.widths))}")
+
+
+def bench_neural(a):
+    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle, gamma=a.gamma)
+    hf, hf_draft = hf_model(a.model), hf_model(a.draft_model)
+    assisted = {"HF-assisted": lambda ids: hf_generate(hf, ids, a.tokens, s.tok.eos_ids, assistant_model=hf_draft)}
+    methods = ["AR", "SPS"] + (["EAGLE3"] if a.eagle else [])
+    res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, hf=assisted)
+    save(res, f"runs/bench_neural_{Path(a.model).name}",
+         f"# Neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 {a.eagle})\n\n"
+         f"{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, gamma {a.gamma}, {a.prompts} prompts "
+         f"per task, {a.tokens} new tokens.\nCommand: python bench.py neural --model {a.model} "
+         f"--draft-model {a.draft_model} --eagle {a.eagle}")
+
+
+def table1_methods(draft, eagle, probe) -> list[str]:
+    fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
+    ms = ["AR", "PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec"] + fams
+    ms += [f"BanditSpec[{f}]" for f in fams or [""]]
+    ms += [f"SwitchSD[{f}]" for f in fams or [""]] if probe else []
+    return [m.replace("[]", "") for m in ms]
+
+
+def bench_table1(a):
+    if a.model:
+        configs = [(a.model, a.draft_model, a.eagle)]
+    else:
+        configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b")),
+                   ("smollm2-135m", None, str(HERE / "models" / "eagle3-smollm2-135m"))]
+    n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
+    for model, draft, eagle in configs:
+        eagle = eagle if eagle and Path(eagle).is_dir() else None
+        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, dtype=a.dtype)
+        methods = table1_methods(draft, eagle, s.probe)
+        hf = {}
+        if a.hf:
+            m = hf_model(model)
+            hf["HF-PLD"] = lambda ids, m=m: hf_generate(m, ids, tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)
+            if draft:
+                d = hf_model(draft)
+                hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
+        res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf)
+        name = Path(model).name
+        probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
+        head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
+                f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
+                f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
+                f"gamma {s.gamma}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
+        out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
+        save(res, out, head)
+        import figures
+        figures.bar_chart(out.with_suffix(".svg"), [TASKS[t] for t in a.tasks],
+                          {m: [res[t][m]["speedup"] for t in a.tasks] for m in res[a.tasks[0]]},
+                          f"Speedup over autoregressive decoding, {name} (median over prompts)",
+                          "speedup (x)", hline=1.0)
+
+
+def bench_analysis(a):
+    """Section 4.2: at every position of the AR output where the kappa-gram recurs, what would
+    the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
+    accepted length is its agreement with the AR continuation: no extra target pass."""
+    import figures
+    s = Setup(a.model, draft=a.draft_model)
+    probe, D, rows = s.probe, 20, []
+    from probe import teacher_forced_scores
+    for task in a.tasks:
+        for text in task_prompts(task, a.prompts):
+            ids = s.tok.prompt_ids(text)
+            out = s.run("AR", ids, a.tokens).output_ids
+            full = ids + out
+            scores = teacher_forced_scores(s.model, probe, full)
+            copier, sps = CopyDrafter(probe.kappa, s.width, D), DraftModel(s.draft, a.gamma)
+            sps.reset(len(full) + D)
+            for i in range(len(ids), len(full) - 1):
+                ctx, truth = full[:i + 1], full[i + 1:]
+                if not copier.matches(ctx):
+                    continue
+                copy_len = max(agree(t, truth) for t in copier.propose(ctx, D).paths())
+                neural = sps.propose(ctx, a.gamma, 0.0, 1.0, None).tokens[1:]
+                rows.append({"task": task, "active": bool(scores[i - 1] >= probe.tau),
+                             "copy": copy_len, "neural": agree(neural, truth), "room": min(D, len(truth))})
+            log(f"{task}: {len(rows)} positions so far")
+    out = Path(f"runs/analysis_{Path(a.model).name}")
+    out.mkdir(parents=True, exist_ok=True)
+    act = [r for r in rows if r["active"]]
+    ina = [r for r in rows if not r["active"]]
+    full_share = lambda rs: sum(r["copy"] == D for r in rs if r["room"] == D) / max(1, sum(r["room"] == D for r in rs))
+    summary = {"positions": len(rows), "active": len(act), "inactive": len(ina),
+               "copy_reaches_D_active": full_share(act), "copy_reaches_D_inactive": full_share(ina),
+               "copy_mean_active": statistics.mean(r["copy"] for r in act) if act else None,
+               "copy_mean_inactive": statistics.mean(r["copy"] for r in ina) if ina else None,
+               "neural_mean_active": statistics.mean(r["neural"] for r in act) if act else None,
+               "neural_mean_inactive": statistics.mean(r["neural"] for r in ina) if ina else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "rows.json").write_text(json.dumps(rows))
+    bins = [k - 0.5 for k in range(D + 2)]
+    figures.histogram(out / "copy_accepted.svg", {"probe active": [r["copy"] for r in act],
+                                                  "probe inactive": [r["copy"] for r in ina]},
+                      bins, f"Copy path: accepted tokens where the {probe.kappa}-gram recurs ({a.model})",
+                      "tokens accepted")
+    print(json.dumps(summary, indent=1))
+    # gamma sweep: SPS alone vs SwitchSD[SPS] (copy separated out)
+    sweep = {}
+    for task in a.tasks[:1]:
+        for text in task_prompts(task, a.sweep_prompts):
+            ids = s.tok.prompt_ids(text)
+            ar = row_stats(s.run("AR", ids, a.tokens))["tps"]
+            for g in a.gammas:
+                for m in ("SPS", "SwitchSD[SPS]"):
+                    r = row_stats(s.run(m, ids, a.tokens, gamma=g))
+                    sweep.setdefault(m, {}).setdefault(g, []).append(r["tps"] / ar)
+                    log(f"gamma {g} {m}: {r['tps'] / ar:.2f}x")
+    curves = {m: (list(v), [statistics.median(x) for x in v.values()]) for m, v in sweep.items()}
+    (out / "gamma_sweep.json").write_text(json.dumps(curves))
+    figures.line_chart(out / "gamma_sweep.svg", curves, f"Speedup vs gamma ({TASKS[a.tasks[0]]})",
+                       "gamma (draft tokens per step)", "speedup over AR (median)")
+    print(json.dumps(curves))
+
+
+def agree(draft, truth) -> int:
+    n = 0
+    while n < len(draft) and n < len(truth) and draft[n] == truth[n]:
+        n += 1
+    return n
+
+
+def bench_probe_cost(a):
+    s = Setup(a.model)
+    probe = s.probe
+    ids = s.tok.prompt_ids(task_prompts("humaneval", 1)[0])
+    res = s.run("AR", ids, a.tokens)
+    step = statistics.median(x.seconds for x in res.steps)
+    h = torch.randn(1, s.model.args.dim, dtype=s.model.dtype)
+    t = time.perf_counter()
+    for _ in range(1000):
+        probe.score(h).item()
+    cost = (time.perf_counter() - t) / 1000
+    print(f"{a.model}: probe score {cost * 1e6:.1f} us per step; median AR step {step * 1e3:.1f} ms; "
+          f"share {100 * cost / step:.4f}%")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p, prompts, tokens):
+        p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+        p.add_argument("--prompts", type=int, default=prompts, help="prompts per task")
+        p.add_argument("--tokens", type=int, default=tokens, help="new tokens per prompt")
+
     p = sub.add_parser("ar", help="autoregressive tokens/s: ours vs transformers")
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tokens", type=int, default=128)
+    p = sub.add_parser("copy", help="copy-path baselines and the W sweep")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
+    common(p, 5, 128)
+    p = sub.add_parser("neural", help="SPS and EAGLE-3 vs transformers' assisted generation")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--eagle")
+    p.add_argument("--gamma", type=int, default=4)
+    common(p, 5, 128)
+    p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
+    p.add_argument("--model", help="one target instead of the two demo configurations")
+    p.add_argument("--draft-model", help="with --model: the SPS draft")
+    p.add_argument("--eagle", help="with --model: the EAGLE-3 head")
+    p.add_argument("--probe", help="probe file (default: probes/<model>.safetensors)")
+    p.add_argument("--out", help="folder for the results (default runs/)")
+    p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
+    common(p, 8, 128)
+    p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state, gamma sweep")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    p.add_argument("--sweep-prompts", type=int, default=3)
+    common(p, 8, 128)
+    p = sub.add_parser("probe-cost", help="the probe's share of a decoding step")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--tokens", type=int, default=32)
     a = ap.parse_args()
-    {"ar": bench_ar}[a.cmd](a)
+    {"ar": bench_ar, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
+     "analysis": bench_analysis, "probe-cost": bench_probe_cost}[a.cmd](a)
 
 
 if __name__ == "__main__":

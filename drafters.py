@@ -53,6 +53,17 @@ class Tree:
     def __len__(self):
         return len(self.tokens)
 
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf token lists, without the root."""
+        inner, out = set(self.parents), []
+        for leaf in (i for i in range(1, len(self)) if i not in inner):
+            path, node = [], leaf
+            while node > 0:
+                path.append(self.tokens[node])
+                node = self.parents[node]
+            out.append(path[::-1])
+        return out
+
 
 def probs(logits, temperature: float, top_p: float = 1.0):
     """Sampling distribution softmax(logits / T), restricted to the top-p nucleus."""

@@ -399,30 +399,17 @@ def test_kgram_index_matches_brute_force():
             want = brute_candidates(ctx, kappa, width, depth) if len(ctx) >= kappa else []
             assert d.matches(ctx) == bool(want)
             tree = d.propose(ctx, depth)
-            got = [] if tree is None else tree_paths(tree)
+            got = [] if tree is None else tree.paths()
             assert sorted(got) == sorted(c for c in want if not any(
                 o != c and o[:len(c)] == c for o in want))  # a prefix of another is merged
-
-
-def tree_paths(tree):
-    """Root-to-leaf token lists of a Tree (without the root)."""
-    kids = {i for i in tree.parents if i >= 0}
-    paths = []
-    for leaf in (i for i in range(1, len(tree)) if i not in kids):
-        p, node = [], leaf
-        while node > 0:
-            p.append(tree.tokens[node])
-            node = tree.parents[node]
-        paths.append(p[::-1])
-    return paths
 
 
 def test_match_at_the_very_end_of_the_context():
     d = CopyDrafter(kappa=3, width=4, depth=20)
     ctx = [9, 1, 1, 1, 1]  # (1,1,1) ended one token ago: the continuation is just [1]
-    assert tree_paths(d.propose(ctx, 20)) == [[1]]
+    assert d.propose(ctx, 20).paths() == [[1]]
     ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
-    assert tree_paths(CopyDrafter(3, 4, 20).propose(ctx, 20)) == [[8, 5, 6, 7]]
+    assert CopyDrafter(3, 4, 20).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
     assert CopyDrafter(3, 4, 20).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
 
 
@@ -921,3 +908,23 @@ def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0]
     assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
+
+
+def test_bench_quick_smoke_run(tmp_path):
+    src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = noisy_copy(tmp_path / "d", src, 0.1)
+    eagle, _ = make_eagle(tmp_path / "e", target)
+    planted = probe_mod.Probe(torch.zeros(64), 1, "attn", 0.5, 5, probe_mod.identity(target))
+    planted.save(tmp_path / "p.safetensors")  # score 0.5 >= tau: the gate is the kappa-gram alone
+    r = subprocess.run([sys.executable, str(HERE / "bench.py"), "table1", "--quick", "--model", str(src),
+                        "--draft-model", str(draft), "--eagle", str(eagle), "--probe", str(tmp_path / "p.safetensors"),
+                        "--tasks", "humaneval", "math500", "--dtype", "float32", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=HERE, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "table1_t_quick.json").read_text())
+    assert set(res) == {"humaneval", "math500"}
+    assert list(res["humaneval"]) == ["AR", "PLD", "CopySpec[SPS]", "SPS", "EAGLE3", "BanditSpec[SPS]",
+                                      "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]"]
+    assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
+    assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
