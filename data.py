@@ -608,6 +608,53 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
 
 
 # ---------------------------------------------------------------------------------------
+# Ablation data (paper section 4.3): other sources of copy labels, teacher-forced
+# ---------------------------------------------------------------------------------------
+
+def constructed_copy(vocab_ids, n=200, length=256, seed=0) -> list[dict]:
+    """ConstructedCopy: random token sequences with planted repeats (spans of 5-30 tokens
+    copied from earlier in the sequence). The 'completion' is all but the first 16 tokens."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        seq = [rng.choice(vocab_ids) for _ in range(16)]
+        while len(seq) < length:
+            if rng.random() < 0.5 and len(seq) > 40:
+                a = rng.randrange(len(seq) - 30)
+                seq += seq[a:a + rng.randrange(5, 31)]
+            else:
+                seq += [rng.choice(vocab_ids) for _ in range(rng.randrange(5, 30))]
+        out.append({"id": f"constructed-{i:04d}", "kind": "constructed", "split": "train" if i % 10 else "val",
+                    "prompt_ids": seq[:16], "output_ids": seq[16:length]})
+    return out
+
+
+def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
+    """Natural text with whatever repeats it has: the Python documentation shipped in the
+    stdlib (pydoc_data) and /usr/share/common-licenses, cut into windows of `length` tokens."""
+    texts = []
+    try:
+        from pydoc_data.topics import topics
+        texts += [topics[k] for k in sorted(topics)]
+    except ImportError:
+        pass
+    if LICENSES.is_dir():
+        texts += [_read(p) or "" for p in sorted(LICENSES.iterdir()) if p.is_file()]
+    rng = random.Random(seed)
+    rng.shuffle(texts)
+    out = []
+    for text in texts:
+        ids = tok.encode(text, special=False)
+        for a in range(0, len(ids) - length + 1, length):
+            i = len(out)
+            out.append({"id": f"natural-{i:04d}", "kind": "natural", "split": "train" if i % 10 else "val",
+                        "prompt_ids": ids[a:a + 16], "output_ids": ids[a + 16:a + length]})
+            if len(out) == n:
+                return out
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # EAGLE-3 training data: the target's fused-layer inputs and next-token distributions
 # ---------------------------------------------------------------------------------------
 

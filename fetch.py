@@ -427,9 +427,11 @@ def write_tokenizer(meta: dict, where: Path, out_dir: Path):
         raise ValueError(f"{where}: tokenizer.ggml.pre is {pre!r}; supported: qwen2, "
                          "llama-bpe, smollm")
 
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ValueError(f"{where}: no tokenizer.ggml.tokens (the vocabulary)")
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]  # none: bytes only
     # Llama 3's tokenizer takes a whole pre-token from the vocabulary when it is there,
     # before trying merges; the others always merge.
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,

@@ -928,3 +928,68 @@ def test_bench_quick_smoke_run(tmp_path):
                                       "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]"]
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
+
+
+# ---------------------------------------------------------------------------------------
+# fetch.py: GGUF -> Hugging Face folder
+# ---------------------------------------------------------------------------------------
+
+def test_gguf_conversion_round_trip(tmp_path):
+    """A llama model written to GGUF as llama.cpp writes it (q/k rows permuted, a Q8_0
+    tensor, the vocabulary as metadata) converts back to the same logits and tokenizer."""
+    gguf = pytest.importorskip("gguf")
+    import fetch
+    src = make_checkpoint(tmp_path / "src", "llama", rope_scaling=None, num_attention_heads=4,
+                          num_key_value_heads=2, hidden_size=64)
+    from safetensors.torch import load_file
+    weights = {k: v.bfloat16().float() for k, v in load_file(str(src / "model.safetensors")).items()}
+    cfg = json.loads((src / "config.json").read_text())
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    from tokenizers import Tokenizer
+    vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_token_merges([])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    gguf_names = {v: k for k, v in fetch.GLOBAL_TENSORS.items()}
+    layer_names = {v: k for k, v in fetch.LAYER_TENSORS.items()}
+    for name, t in weights.items():
+        a = t.numpy()
+        if name.endswith(("q_proj.weight", "k_proj.weight")):  # llama.cpp's permutation
+            n = 4 if "q_proj" in name else 2
+            a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        g = gguf_names.get(name) or f"blk.{name.split('.')[2]}." + layer_names[name.split(".", 3)[3]]
+        if g == "blk.0.ffn_up.weight":  # quantized: the reference gets the dequantized values
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(g, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            deq = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+            weights[name] = torch.from_numpy(deq.reshape(a.shape)).bfloat16().float()
+        else:
+            w.add_tensor(g, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file(weights, str(src / "model.safetensors"))  # the values the converter must reproduce
+    fetch.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    ours = llama.Model.from_pretrained(tmp_path / "out", torch.float32)
+    ref = llama.Model.from_pretrained(src, torch.float32)
+    ids = list(range(3, 60))
+    torch.testing.assert_close(full_logits(ours, ids), full_logits(ref, ids), rtol=1e-4, atol=1e-4)
+    tok, ref_tok = llama.Tokenizer(tmp_path / "out"), llama.Tokenizer(src)
+    assert tok.tok.get_vocab(with_added_tokens=True) == vocab
+    text = "def f(x):\n    return x  # ünïcode"
+    assert tok.encode(text) == ref_tok.encode(text) and tok.decode(tok.encode(text)) == text
+    assert tok.prompt_ids("hi") == ref_tok.encode(tok.chat("hi"), special=False)
