@@ -271,6 +271,41 @@ def bench_ar(a):
     print("\n".join(lines))
 
 
+def bench_parity(a):
+    """llama.py against transformers on the converted folders: greedy tokens in float32
+    (must be identical) and in bf16 (reported), plus the largest logit gap on a prompt."""
+    lines = ["| model | float32 greedy identical | max abs logit diff (fp32) | bf16 greedy identical |",
+             "|---|---|---|---|"]
+    for name in a.models:
+        cells = []
+        for dtype in ("float32", "bfloat16"):
+            s = Setup(name, dtype=dtype)
+            hf = hf_model(name).to(getattr(torch, dtype))
+            same, gap = 0, 0.0
+            prompts = [s.tok.prompt_ids(p) for p in task_prompts("humaneval", a.prompts)]
+            for ids in prompts:
+                ours = s.run("AR", ids, a.tokens).output_ids
+                theirs, _ = hf_generate(hf, ids, a.tokens, s.tok.eos_ids)
+                same += ours == theirs
+                if dtype == "float32":
+                    mask, pos = llama.causal_mask(len(ids), 0)
+                    with torch.inference_mode():
+                        lo = s.model(torch.tensor(ids), pos, mask, s.model.new_cache(len(ids)))[0]
+                        lh = hf(torch.tensor([ids])).logits[0].float()
+                    gap = max(gap, float((lo - lh).abs().max()))
+            cells.append(f"{same}/{len(prompts)}")
+            if dtype == "float32":
+                cells.append(f"{gap:.2e}")
+            del s, hf
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        log(lines[-1])
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, {a.prompts} HumanEval "
+                 f"prompts. Command: python bench.py parity")
+    Path("runs").mkdir(exist_ok=True)
+    Path("runs/bench_parity.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def bench_copy(a):
     s = Setup(a.model)
     hf = hf_model(a.model)
@@ -423,6 +458,16 @@ def agree(draft, truth) -> int:
     return n
 
 
+def bench_prompts(a):
+    """Held-out prompts (never seen by a probe) as JSON lines, for probe.py eval."""
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w") as f:
+        for task in a.tasks:
+            for i, text in enumerate(task_prompts(task, a.prompts)):
+                f.write(json.dumps({"id": f"{task}-{i}", "task": task, "prompt": text}) + "\n")
+    print(f"{a.out}: {a.prompts} prompts of each of {', '.join(a.tasks)}")
+
+
 def bench_probe_cost(a):
     s = Setup(a.model)
     probe = s.probe
@@ -451,6 +496,10 @@ def main():
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tokens", type=int, default=128)
+    p = sub.add_parser("parity", help="greedy output of llama.py vs transformers on the converted folders")
+    p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+    p.add_argument("--prompts", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=64)
     p = sub.add_parser("copy", help="copy-path baselines and the W sweep")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -478,12 +527,15 @@ def main():
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     p.add_argument("--sweep-prompts", type=int, default=3)
     common(p, 8, 128)
+    p = sub.add_parser("prompts", help="write held-out task prompts as JSON lines (for probe.py eval)")
+    p.add_argument("--out", default="runs/heldout_prompts.jsonl")
+    common(p, 10, 0)
     p = sub.add_parser("probe-cost", help="the probe's share of a decoding step")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--tokens", type=int, default=32)
     a = ap.parse_args()
-    {"ar": bench_ar, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
-     "analysis": bench_analysis, "probe-cost": bench_probe_cost}[a.cmd](a)
+    {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
+     "analysis": bench_analysis, "prompts": bench_prompts, "probe-cost": bench_probe_cost}[a.cmd](a)
 
 
 if __name__ == "__main__":

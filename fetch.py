@@ -453,6 +453,11 @@ def write_tokenizer(meta: dict, where: Path, out_dir: Path):
             single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)])
     else:  # nothing added on encode: offsets bookkeeping only
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    # The vocabulary must round-trip: every GGUF token string is the same id here.
+    vocab = tok.get_vocab(with_added_tokens=True)
+    wrong = [i for i, t in enumerate(tokens) if vocab.get(t) != i]
+    if wrong:
+        raise ValueError(f"{where}: {len(wrong)} tokens do not round-trip (first: id {wrong[0]})")
     tok.save(str(out_dir / "tokenizer.json"))
 
     arch = meta["general.architecture"]
