@@ -204,10 +204,10 @@ class DraftModel:
         # drafts stay, rejected ones go; truncating costs nothing). Lazy propagation: the
         # rest of the context -- copied tokens, the bonus token -- rides along in the first
         # draft forward below.
-        m = min(common_prefix(self.tokens, ctx, self.synced), len(ctx) - 1)
+        m = min(common_prefix(self.tokens, ctx, min(self.synced, len(self.tokens))), len(ctx) - 1)
         self.cache.truncate(m)
         del self.tokens[m:]
-        self.synced = len(ctx)
+        self.synced = m
         feed, toks, qs = ctx[m:], [], []
         dev = self.model.device
         for _ in range(min(self.gamma, depth)):
@@ -215,6 +215,7 @@ class DraftModel:
             logits, _ = self.model(torch.tensor(feed, device=dev), pos, mask, self.cache,
                                    logits_at=slice(-1, None))
             self.tokens += feed
+            self.synced = len(ctx)  # all of ctx is in the cache now
             if temperature == 0:
                 x, q = int(logits[0].argmax()), None
             else:

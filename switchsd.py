@@ -45,7 +45,7 @@ class Result:
     output_ids: list[int] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     stop: str = "length"  # "eos", "length" (max_new_tokens) or "context" (model's limit)
-    probe_scores: list = field(default_factory=list)  # per output token; None for the last
+    probe_scores: list | None = None  # per output token with a probe; None for the last token
     seconds: float = 0.0
     prefill_seconds: float = 0.0
 
@@ -246,8 +246,10 @@ def summary(res: Result) -> dict:
     n, steps = len(res.output_ids), res.steps
     copy = [s.accepted for s in steps if s.path == "copy"]
     hist = [0] * (max((s.accepted for s in steps), default=0) + 1)
+    by_path = {}  # mean drafted tokens accepted per step, by path
     for s in steps:
         hist[s.accepted] += 1
+        by_path.setdefault(s.path, []).append(s.accepted)
     return {
         "prompt_ids": res.prompt_ids,
         "output_ids": res.output_ids,
@@ -262,6 +264,11 @@ def summary(res: Result) -> dict:
         "copy_attempts": len(copy),
         "copy_zero_accept": copy.count(0),  # the speculation tax: passes that copied nothing
         "copy_accepted_mean": round(sum(copy) / len(copy), 4) if copy else 0.0,
+        "copy_steps": len(copy),
+        "neural_steps": sum(s.path == "neural" for s in steps),
+        "copy_rate": round(len(copy) / len(steps), 4) if steps else 0.0,  # activation rate
+        "accepted_by_path": {p: round(sum(a) / len(a), 4) for p, a in by_path.items()},
+        **({"probe_scores": res.probe_scores} if res.probe_scores is not None else {}),
     }
 
 

@@ -993,3 +993,39 @@ def test_gguf_conversion_round_trip(tmp_path):
     text = "def f(x):\n    return x  # ünïcode"
     assert tok.encode(text) == ref_tok.encode(text) and tok.decode(tok.encode(text)) == text
     assert tok.prompt_ids("hi") == ref_tok.encode(tok.chat("hi"), special=False)
+
+
+def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
+    model, folder = tiny
+    probe_mod.Probe(torch.zeros(64), 1, "attn", 0.5, 2, probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    draft = noisy_copy(tmp_path / "d", folder, 0.1)
+    eagle, _ = make_eagle(tmp_path / "e", model)
+    base = ["--model", str(folder), "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--dtype", "float32",
+            "--json", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors")]
+    outs = []
+    for extra in ([], ["--draft-model", str(draft)], ["--eagle", str(eagle)]):
+        r = run_cli(*base, *extra)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert len(out["probe_scores"]) == len(out["output_ids"]) and out["probe_scores"][-1] is None
+        assert out["copy_steps"] + out["neural_steps"] + out["accept_hist"][0] >= out["target_forwards"] - 1
+        assert set(out["accepted_by_path"]) <= {"copy", "neural", "ar"}
+        outs.append(out["output_ids"])
+    assert outs[0] == outs[1] == outs[2]  # greedy: every drafter gives the AR output
+    r = run_cli(*[x for x in base if x != "--json"], "--show", "path")
+    assert r.returncode == 0 and "\x1b[30;43m" in r.stdout  # copied tokens, coloured
+
+
+def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
+    model, folder = tiny
+    other = make_checkpoint(tmp_path / "o", seed=3)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    vocab["model"]["vocab"] = {k: (v + 1) % 256 if v < 256 else v for k, v in vocab["model"]["vocab"].items()}
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps", "--draft-model", str(other))
+    assert r.returncode != 0 and "tokenizer differs from the target's" in r.stderr
+    probe_mod.Probe(torch.zeros(32), 1, "attn", 0.5, 5, {"hidden_size": 32}).save(tmp_path / "p.safetensors")
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors"))
+    assert r.returncode != 0 and "probe made for a model with hidden_size 32, this model has 64" in r.stderr
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps")
+    assert r.returncode != 0 and "--method sps needs --draft-model" in r.stderr
