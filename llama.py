@@ -343,7 +343,17 @@ def tree_mask(parents, n: int, device="cpu"):
 
     parents[i] is the index of token i's parent among the new tokens (-1: it follows the
     cache directly). Token i sees the whole cache, itself and its ancestors; its position
-    is n + depth(i). A chain [-1, 0, 1, ...] gives the ordinary causal mask.
+    is n + depth(i). A chain [-1, 0, 1, ...] gives the ordinary causal mask; W candidates
+    hanging off the current token c give SwitchSD's block-triangular mask, each block
+    restarting its positions at n + 1:
+
+                 cache  c  a1 a2  b1 b2 b3      parents = [-1, 0, 1, 0, 3, 4]
+        c      [ 1 1 1  1  .  .   .  .  . ]     pos     = [n, n+1, n+2, n+1, n+2, n+3]
+        a1     [ 1 1 1  1  1  .   .  .  . ]
+        a2     [ 1 1 1  1  1  1   .  .  . ]
+        b1     [ 1 1 1  1  .  .   1  .  . ]
+        b2     [ 1 1 1  1  .  .   1  1  . ]
+        b3     [ 1 1 1  1  .  .   1  1  1 ]
     """
     T = len(parents)
     anc = torch.eye(T, dtype=torch.bool)
