@@ -236,7 +236,9 @@ class Model(nn.Module):
         return KVCache(self.args, max_len, self.dtype, self.device)
 
     def forward(self, ids, pos, mask, cache, capture=(), logits_at=slice(None)):
-        """ids, pos: (T,) int64; mask: (T, cache.n + T) bool.
+        """ids, pos: (T,) int64; mask: (T, cache.n + T) bool, or None when every new token
+        may see every slot (a single new token: the mask builders below return None then,
+        which lets attention skip the mask, ~2x faster at batch 1).
 
         capture: (kind, layer) pairs, kind "attn" (the residual after the attention
         sublayer), "mlp" (after the MLP sublayer) or "in" (the block's input).
@@ -363,13 +365,13 @@ def tree_mask(parents, n: int, device="cpu"):
             anc[i] |= anc[p]
             depth[i] = depth[p] + 1
     mask = torch.cat([torch.ones(T, n, dtype=torch.bool), anc], dim=1)
-    return mask.to(device), (n + torch.tensor(depth)).to(device)
+    return (mask.to(device) if T > 1 else None), (n + torch.tensor(depth)).to(device)
 
 
 def causal_mask(T: int, n: int, device="cpu"):
     """The chain special case of tree_mask, without a Python loop (for long prefills)."""
-    mask = torch.ones(T, n + T, dtype=torch.bool).tril(n)
-    return mask.to(device), torch.arange(n, n + T, device=device)
+    pos = torch.arange(n, n + T, device=device)
+    return (torch.ones(T, n + T, dtype=torch.bool).tril(n).to(device) if T > 1 else None), pos
 
 
 # ---------------------------------------------------------------------------------------

@@ -1029,3 +1029,16 @@ def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
     assert r.returncode != 0 and "probe made for a model with hidden_size 32, this model has 64" in r.stderr
     r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps")
     assert r.returncode != 0 and "--method sps needs --draft-model" in r.stderr
+
+
+def test_probe_eval_command(tiny, tmp_path):
+    model, folder = tiny
+    probe_mod.Probe(torch.randn(64), 1, "attn", 0.5, 3, probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"abc{i} abc{i} abc{i}"}) + "\n"
+                                                    for i in range(3)))
+    r = subprocess.run([sys.executable, str(HERE / "probe.py"), "eval", "--model", str(folder), "--probe",
+                        str(tmp_path / "p.safetensors"), "--prompts", str(tmp_path / "prompts.jsonl"),
+                        "--max-new-tokens", "10", "--json"], capture_output=True, text=True, cwd=HERE, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"precision", "recall", "f1", "auc", "tokens", "positives"} and out["tokens"] > 0
