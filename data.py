@@ -595,7 +595,7 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
             _, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)), capture,
                            logits_at=slice(0, 0))
         for kind in kinds:
-            for l in range(L):  # fp16 keeps the residual's range here (|x| < 65504 checked)
+            for l in range(L):  # clamped into fp16's range (Qwen has large outlier dims)
                 maps[kind][l, a:b] = hid[kind, l][P:].float().clamp(-65000, 65000).numpy()
         labels[a:b] = copy_labels(ids, P, kappa)
         if (i + 1) % 20 == 0 or i + 1 == len(completions):  # checkpoint for resuming
