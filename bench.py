@@ -1,9 +1,10 @@
 """Benchmarks: every figure in the README comes from one of these commands.
 
     python bench.py ar                      # our autoregressive decoding vs transformers
-    python bench.py copy                    # AR, PLD, CopySpec, copy, transformers' PLD; W sweep
-    python bench.py neural                  # SPS, EAGLE-3, transformers' assisted generation; gamma sweep
-    python bench.py table1 [--quick]        # the paper's Table 1: all methods, three tasks
+    python bench.py parity                  # greedy output of llama.py vs transformers
+    python bench.py table1 [--quick] [--hf] # the paper's Table 1: every method (+ transformers'), three tasks
+    python bench.py copy                    # the W sweep of the copy path
+    python bench.py neural                  # the gamma sweep of SPS and EAGLE-3, with and without copying
     python bench.py analysis                # the paper's section 4.2: accepted lengths by probe state
     python bench.py probe-cost              # the probe's share of a decoding step
 
@@ -164,16 +165,18 @@ def aggregate(rows: list[dict]) -> dict:
 
 
 def side_by_side(setup, methods, tasks, n, max_new, hf=None) -> dict:
-    """Run every method on every prompt, interleaved; AR first on each prompt (the reference).
+    """Run every method on every prompt, interleaved, AR first (the reference). A method is
+    a table name ("SwitchSD[SPS]") or (label, name, kwargs of Setup.run) for sweeps.
     hf: {"HF-...": callable(ids) -> (ids, seconds)} baselines from transformers."""
+    methods = [(m, m, {}) if isinstance(m, str) else m for m in ["AR", *methods]]
     results = {}
     for task in tasks:
-        per = {m: [] for m in methods + list(hf or {})}
+        per = {m[0]: [] for m in methods} | {m: [] for m in hf or {}}
         for pi, text in enumerate(task_prompts(task, n)):
             ids = setup.tok.prompt_ids(text)
             ar = None
-            for m in methods:
-                res = setup.run(m, ids, max_new)
+            for m, name, kw in methods:
+                res = setup.run(name, ids, max_new, **kw)
                 r = row_stats(res)
                 if m == "AR":
                     ar = (res.output_ids, r["tps"])
@@ -307,49 +310,38 @@ def bench_parity(a):
 
 
 def bench_copy(a):
+    """The W sweep of the copy path (the copy baselines themselves are in table1)."""
     s = Setup(a.model)
-    hf = hf_model(a.model)
-    pld = {"HF-PLD": lambda ids: hf_generate(hf, ids, a.tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)}
-    methods = ["AR", "PLD", "CopySpec", "copy"]
-    res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, hf=pld)
-    head = (f"# Copy path, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
-            f"{a.prompts} prompts per task, {a.tokens} new tokens; copy: kappa 5, W {s.width}, D 20.\n"
-            f"Command: python bench.py copy --model {a.model} --prompts {a.prompts} --tokens {a.tokens}")
-    save(res, f"runs/bench_copy_{Path(a.model).name}", head)
-    # W sweep: the copy path alone, on the same prompts
-    results = {}
-    for task in a.tasks:
-        per = {f"W={w}": [] for w in a.widths}
-        for text in task_prompts(task, a.prompts):
-            ids = s.tok.prompt_ids(text)
-            ar = row_stats(s.run("AR", ids, a.tokens))
-            for w in a.widths:
-                r = row_stats(s.run("copy", ids, a.tokens, width=w))
-                r["speedup"], r["agree"] = r["tps"] / ar["tps"], "same"
-                per[f"W={w}"].append(r)
-                log(f"{task} W={w}: {r['tps']:.2f} tok/s ({r['speedup']:.2f}x)")
-        results[task] = {k: aggregate(v) for k, v in per.items()}
-    save(results, f"runs/bench_copy_width_{Path(a.model).name}",
-         f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\nCommand: python bench.py copy "
-         f"--model {a.model} --widths {' '.join(map(str, a.widths))}")
+    res = side_by_side(s, [(f"copy W={w}", "copy", {"width": w}) for w in a.widths], a.tasks, a.prompts, a.tokens)
+    save(res, f"runs/copy_width_{Path(a.model).name}",
+         f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, "
+         f"bf16, greedy, {a.prompts} prompts per task, {a.tokens} new tokens.\n"
+         f"Command: python bench.py copy --model {a.model} --widths {' '.join(map(str, a.widths))}")
 
 
 def bench_neural(a):
-    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle, gamma=a.gamma)
-    hf, hf_draft = hf_model(a.model), hf_model(a.draft_model)
-    assisted = {"HF-assisted": lambda ids: hf_generate(hf, ids, a.tokens, s.tok.eos_ids, assistant_model=hf_draft)}
-    methods = ["AR", "SPS"] + (["EAGLE3"] if a.eagle else [])
-    res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, hf=assisted)
-    save(res, f"runs/bench_neural_{Path(a.model).name}",
-         f"# Neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 {a.eagle})\n\n"
-         f"{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, gamma {a.gamma}, {a.prompts} prompts "
-         f"per task, {a.tokens} new tokens.\nCommand: python bench.py neural --model {a.model} "
-         f"--draft-model {a.draft_model} --eagle {a.eagle}")
+    """The gamma sweep of SPS and EAGLE-3 (the drafters themselves are in table1)."""
+    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
+    fams = (["SPS"] if a.draft_model else []) + (["EAGLE3"] if a.eagle else [])
+    fams += [f"SwitchSD[{f}]" for f in fams] if s.probe else []  # the neural path, copy separated out
+    res = side_by_side(s, [(f"{f} gamma={g}", f, {"gamma": g}) for f in fams for g in a.gammas],
+                       a.tasks, a.prompts, a.tokens)
+    import figures
+    for task in a.tasks:
+        figures.line_chart(f"runs/gamma_{Path(a.model).name}_{task}.svg",
+                           {f: (a.gammas, [res[task][f"{f} gamma={g}"]["speedup"] for g in a.gammas]) for f in fams},
+                           f"Speedup vs gamma, {TASKS[task]} ({a.model})", "gamma (draft tokens per step)",
+                           "speedup over AR (median)")
+    save(res, f"runs/gamma_{Path(a.model).name}",
+         f"# gamma sweep of the neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 "
+         f"{a.eagle and Path(a.eagle).name})\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
+         f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py neural "
+         f"--model {a.model} --gammas {' '.join(map(str, a.gammas))}")
 
 
 def table1_methods(draft, eagle, probe) -> list[str]:
     fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
-    ms = ["AR", "PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec"] + fams
+    ms = ["PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec", "copy"] + fams
     ms += [f"BanditSpec[{f}]" for f in fams or [""]]
     ms += [f"SwitchSD[{f}]" for f in fams or [""]] if probe else []
     return [m.replace("[]", "") for m in ms]
@@ -433,22 +425,6 @@ def bench_analysis(a):
                       bins, f"Copy path: accepted tokens where the {probe.kappa}-gram recurs ({a.model})",
                       "tokens accepted")
     print(json.dumps(summary, indent=1))
-    # gamma sweep: SPS alone vs SwitchSD[SPS] (copy separated out)
-    sweep = {}
-    for task in a.tasks[:1]:
-        for text in task_prompts(task, a.sweep_prompts):
-            ids = s.tok.prompt_ids(text)
-            ar = row_stats(s.run("AR", ids, a.tokens))["tps"]
-            for g in a.gammas:
-                for m in ("SPS", "SwitchSD[SPS]"):
-                    r = row_stats(s.run(m, ids, a.tokens, gamma=g))
-                    sweep.setdefault(m, {}).setdefault(g, []).append(r["tps"] / ar)
-                    log(f"gamma {g} {m}: {r['tps'] / ar:.2f}x")
-    curves = {m: (list(v), [statistics.median(x) for x in v.values()]) for m, v in sweep.items()}
-    (out / "gamma_sweep.json").write_text(json.dumps(curves))
-    figures.line_chart(out / "gamma_sweep.svg", curves, f"Speedup vs gamma ({TASKS[a.tasks[0]]})",
-                       "gamma (draft tokens per step)", "speedup over AR (median)")
-    print(json.dumps(curves))
 
 
 def agree(draft, truth) -> int:
@@ -500,16 +476,16 @@ def main():
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64)
-    p = sub.add_parser("copy", help="copy-path baselines and the W sweep")
+    p = sub.add_parser("copy", help="the W sweep of the copy path")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
     common(p, 5, 128)
-    p = sub.add_parser("neural", help="SPS and EAGLE-3 vs transformers' assisted generation")
+    p = sub.add_parser("neural", help="the gamma sweep of SPS and EAGLE-3")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--eagle")
-    p.add_argument("--gamma", type=int, default=4)
-    common(p, 5, 128)
+    p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
+    p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    common(p, 2, 128)
     p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
     p.add_argument("--model", help="one target instead of the two demo configurations")
     p.add_argument("--draft-model", help="with --model: the SPS draft")
@@ -520,12 +496,10 @@ def main():
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     common(p, 8, 128)
-    p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state, gamma sweep")
+    p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
-    p.add_argument("--sweep-prompts", type=int, default=3)
     common(p, 8, 128)
     p = sub.add_parser("prompts", help="write held-out task prompts as JSON lines (for probe.py eval)")
     p.add_argument("--out", default="runs/heldout_prompts.jsonl")
