@@ -16,8 +16,18 @@ The prompts are written here: no API call, nothing downloaded, no evaluation ben
             stdlib module names otherwise
   math      polynomials and equations drawn by the same RNG
 
+Then, for a given target model (probe.py train runs all of it):
+
+  completions  the target's own greedy answers, as token ids (resumable)
+  labels       Y_j per completion token, by one rolling-hash pass (copy_labels)
+  features     every layer's residual stream at every completion token, fp16 memmaps
+  ablations    ConstructedCopy (random tokens with planted repeats) and natural text
+  EAGLE-3      the target's fused-layer inputs and top-k logits, to train a head on
+
 Usage:
     python data.py prompts [--n 1200] [--seed 0] [--out data/prompts.jsonl]
+    python data.py completions --model M --out FILE.jsonl [--train N --val N --test N]
+    python data.py features --model M --completions FILE.jsonl --out FOLDER
 """
 import argparse
 import ast
