@@ -444,6 +444,30 @@ def bench_prompts(a):
     print(f"{a.out}: {a.prompts} prompts of each of {', '.join(a.tasks)}")
 
 
+def bench_picture(a):
+    """The README's picture of the decode loop: one SwitchSD run, each token coloured by how it
+    was produced (copied, neural draft, the target's own), and the same text shaded by probe
+    score with the true copy spans (Y=1) underlined."""
+    import data
+    import figures
+    s = Setup(a.model, draft=a.draft_model)
+    text = Path(a.prompt_file).read_text() if a.prompt_file else task_prompts("humaneval", a.index + 1)[a.index]
+    ids = s.tok.prompt_ids(text)
+    fam = "[SPS]" if a.draft_model else ""
+    res = s.run(f"SwitchSD{fam}", ids, a.tokens)
+    out = res.output_ids
+    pieces = [s.tok.decode(out[:i + 1])[len(s.tok.decode(out[:i])):] for i in range(len(out))]
+    marks = data.copy_labels(ids + out, len(ids), s.probe.kappa).astype(bool).tolist()
+    name = Path(a.model).name
+    stats = switchsd.summary(res)
+    figures.text_page(f"runs/show_{name}_path.svg", pieces, switchsd.provenance(res), marks,
+                      f"SwitchSD{fam} on {name}: {stats['mean_accepted']:.2f} tokens per target pass, "
+                      f"copy on {100 * stats['copy_rate']:.0f}% of steps")
+    figures.text_page(f"runs/show_{name}_probe.svg", pieces, res.probe_scores, marks,
+                      f"Probe score per token (layer {s.probe.layer}, tau {s.probe.tau:.2f}), {name}")
+    print(f"runs/show_{name}_path.svg, runs/show_{name}_probe.svg")
+
+
 def bench_probe_cost(a):
     s = Setup(a.model)
     probe = s.probe
@@ -504,12 +528,19 @@ def main():
     p = sub.add_parser("prompts", help="write held-out task prompts as JSON lines (for probe.py eval)")
     p.add_argument("--out", default="runs/heldout_prompts.jsonl")
     common(p, 10, 0)
+    p = sub.add_parser("picture", help="an SVG of one SwitchSD output coloured by path and by probe score")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--prompt-file")
+    p.add_argument("--index", type=int, default=0, help="HumanEval problem, without --prompt-file")
+    p.add_argument("--tokens", type=int, default=200)
     p = sub.add_parser("probe-cost", help="the probe's share of a decoding step")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--tokens", type=int, default=32)
     a = ap.parse_args()
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
-     "analysis": bench_analysis, "prompts": bench_prompts, "probe-cost": bench_probe_cost}[a.cmd](a)
+     "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
+     "probe-cost": bench_probe_cost}[a.cmd](a)
 
 
 if __name__ == "__main__":
