@@ -298,6 +298,9 @@ class Eagle3Head(nn.Module):
         if w["fc.weight"].shape[1] != 3 * target.args.dim:
             raise ValueError(f"{folder}: fc.weight takes {w['fc.weight'].shape[1]} features, but this "
                              f"target gives 3 x {target.args.dim}: the head was trained for another model")
+        if cfg.get("target_fingerprint", target.fingerprint()) != target.fingerprint():
+            raise ValueError(f"{folder}: this head was trained for another target (weights fingerprint "
+                             f"{cfg['target_fingerprint']}, this target's is {target.fingerprint()})")
         if cfg["hidden_size"] != target.args.dim:
             raise ValueError(f"{folder}: hidden_size {cfg['hidden_size']} differs from the target's "
                              f"{target.args.dim} (the head reads the target's token embeddings)")
@@ -327,12 +330,13 @@ class Eagle3Head(nn.Module):
         return head.eval()
 
     def save(self, folder, cfg: dict):
-        """Write the official layout: config.json + model.safetensors (no embeddings)."""
+        """Write the official layout: config.json + model.safetensors (bf16, no embeddings)."""
         from safetensors.torch import save_file
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).detach().contiguous().cpu()
+                 for k, v in self.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"))
 
 
@@ -523,6 +527,8 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
             acc = acceptance_length(head, embed, val, gamma, head.d2t)
             curve.append({"step": step, "seconds": round(time.time() - t0, 1), "acceptance_length": acc})
             log(f"step {step}: val acceptance length {acc:.3f} (gamma {gamma}), {time.time() - t0:.0f}s")
+            head.save(out, cfg)  # a checkpoint at every evaluation: the run can stop any time
+            (Path(out) / "training_curve.json").write_text(json.dumps(curve, indent=1))
             head.train()
         if step == steps:
             break
@@ -533,10 +539,6 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
         torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
         opt.step()
         sched.step()
-    head.eval().to(torch.bfloat16)
-    head.d2t = draft_ids - torch.arange(len(draft_ids))
-    head.save(out, cfg)
-    (Path(out) / "training_curve.json").write_text(json.dumps(curve, indent=1))
     return curve
 
 
