@@ -285,6 +285,9 @@ class Eagle3Head(nn.Module):
         for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
             if key not in cfg:
                 raise ValueError(f"{folder / 'config.json'}: missing field {key!r}")
+        if cfg.get("target_fingerprint", target.fingerprint()) != target.fingerprint():
+            raise ValueError(f"{folder}: this head was trained for another target (weights fingerprint "
+                             f"{cfg['target_fingerprint']}, this target's is {target.fingerprint()})")
         if (folder / "model.safetensors").is_file():
             w = llama.load_safetensors(folder)
         elif (folder / "pytorch_model.bin").is_file():
@@ -298,9 +301,6 @@ class Eagle3Head(nn.Module):
         if w["fc.weight"].shape[1] != 3 * target.args.dim:
             raise ValueError(f"{folder}: fc.weight takes {w['fc.weight'].shape[1]} features, but this "
                              f"target gives 3 x {target.args.dim}: the head was trained for another model")
-        if cfg.get("target_fingerprint", target.fingerprint()) != target.fingerprint():
-            raise ValueError(f"{folder}: this head was trained for another target (weights fingerprint "
-                             f"{cfg['target_fingerprint']}, this target's is {target.fingerprint()})")
         if cfg["hidden_size"] != target.args.dim:
             raise ValueError(f"{folder}: hidden_size {cfg['hidden_size']} differs from the target's "
                              f"{target.args.dim} (the head reads the target's token embeddings)")
