@@ -617,6 +617,7 @@ def test_eagle3_loader_official_layout_and_variants(copier_model, tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "target_fingerprint": "0123456789abcdef"}))
     with pytest.raises(ValueError, match="this head was trained for another target"):
         drafters.Eagle3Head.load(folder, m)
+    (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
         drafters.Eagle3Head.load(folder, m)
