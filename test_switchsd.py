@@ -934,9 +934,14 @@ def test_bench_quick_smoke_run(tmp_path):
     eagle, _ = make_eagle(tmp_path / "e", target)
     planted = probe_mod.Probe(torch.zeros(64), 1, "attn", 0.5, 5, probe_mod.identity(target))
     planted.save(tmp_path / "p.safetensors")  # score 0.5 >= tau: the gate is the kappa-gram alone
+    rows = [{"prompt": f"def f{i}(x):\n    return x + x + {i}\n"} for i in range(2)]
+    (tmp_path / "he.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [{"problem": f"What is {i} + {i} + {i}?"} for i in range(2)]
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "table1", "--quick", "--model", str(src),
                         "--draft-model", str(draft), "--eagle", str(eagle), "--probe", str(tmp_path / "p.safetensors"),
-                        "--tasks", "humaneval", "math500", "--dtype", "float32", "--out", str(tmp_path / "out")],
+                        "--tasks", "humaneval", "math500", "--data", f"humaneval={tmp_path / 'he.jsonl'}",
+                        f"math500={tmp_path / 'math.jsonl'}", "--dtype", "float32", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, cwd=HERE, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "table1_t_quick.json").read_text())
