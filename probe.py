@@ -256,7 +256,7 @@ def draw(report, work, model, tok, probe, test_rows):
             series[f"val F1 ({pos})"] = ([r["layer"] for r in rows], [r["val_f1"] for r in rows])
             series[f"val AUC ({pos})"] = ([r["layer"] for r in rows], [r["val_auc"] for r in rows])
     figures.line_chart(work / "probe_layers.svg", series, "Copy-intent probe by layer", "layer",
-                       "validation score", ylim=(0, 1))
+                       "validation score", ylim=(0.5, 1))
     s = np.concatenate([teacher_forced_scores(model, probe, r["prompt_ids"] + r["output_ids"])[len(r["prompt_ids"]):]
                         for r in test_rows])
     y = np.concatenate([data.copy_labels(r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"]), probe.kappa)
