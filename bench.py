@@ -239,8 +239,8 @@ def save(results, out, header):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     md = f"{header}\n{table(results)}\n"
-    out.with_suffix(".md").write_text(md)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    Path(f"{out}.md").write_text(md)  # not with_suffix: "qwen2.5-coder-1.5b" has a dot
+    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
     print(md)
 
 
@@ -321,7 +321,7 @@ def bench_copy(a):
     save(res, f"runs/copy_width_{Path(a.model).name}",
          f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, "
          f"bf16, greedy, {a.prompts} prompts per task, {a.tokens} new tokens.\n"
-         f"Command: python bench.py copy --model {a.model} --widths {' '.join(map(str, a.widths))}")
+         f"Command: python bench.py {' '.join(sys.argv[1:])}")
 
 
 def bench_neural(a):
@@ -340,8 +340,7 @@ def bench_neural(a):
     save(res, f"runs/gamma_{Path(a.model).name}",
          f"# gamma sweep of the neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 "
          f"{a.eagle and Path(a.eagle).name})\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
-         f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py neural "
-         f"--model {a.model} --gammas {' '.join(map(str, a.gammas))}")
+         f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
 
 def table1_methods(draft, eagle, probe) -> list[str]:
@@ -380,7 +379,7 @@ def bench_table1(a):
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
         import figures
-        figures.bar_chart(out.with_suffix(".svg"), [TASKS[t] for t in a.tasks],
+        figures.bar_chart(f"{out}.svg", [TASKS[t] for t in a.tasks],
                           {m: [res[t][m]["speedup"] for t in a.tasks] for m in res[a.tasks[0]]},
                           f"Speedup over autoregressive decoding, {name} (median over prompts)",
                           "speedup (x)", hline=1.0)
