@@ -162,7 +162,7 @@ def aggregate(rows: list[dict]) -> dict:
     return {"tps": statistics.median(r["tps"] for r in rows),
             "speedup": statistics.median(r["speedup"] for r in rows),
             "mean_accepted": sum(r["tokens"] for r in rows) / f if f else None,  # None: transformers' rows
-            "copy_rate": c / max(f, 1),
+            "copy_rate": c / f if f else None,
             "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
             "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
