@@ -460,7 +460,7 @@ def bench_picture(a):
     fam = "[SPS]" if a.draft_model else ""
     res = s.run(f"SwitchSD{fam}", ids, a.tokens)
     out = res.output_ids
-    pieces = [s.tok.decode(out[:i + 1])[len(s.tok.decode(out[:i])):] for i in range(len(out))]
+    pieces = s.tok.pieces(out)
     marks = data.copy_labels(ids + out, len(ids), s.probe.kappa).astype(bool).tolist()
     name = Path(a.model).name
     stats = switchsd.summary(res)

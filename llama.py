@@ -455,6 +455,12 @@ class Tokenizer:
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
+    def pieces(self, ids) -> list[str]:
+        """The text each token adds, decoding prefixes so multi-byte characters split across
+        tokens land on the token that completes them."""
+        ids = list(ids)
+        return [self.decode(ids[:i + 1])[len(self.decode(ids[:i])):] for i in range(len(ids))]
+
     def chat(self, user: str, system: str | None = None) -> str:
         """The prompt text for one user turn, ending where the assistant starts to write."""
         system = system if system is not None else self.default_system

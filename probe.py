@@ -273,7 +273,7 @@ def draw(report, work, model, tok, probe, test_rows):
     ids, P = r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"])
     sc = teacher_forced_scores(model, probe, ids)[P:]
     marks = data.copy_labels(ids, P, probe.kappa).astype(bool).tolist()
-    pieces = [tok.decode(ids[P:P + i + 1])[len(tok.decode(ids[P:P + i])):] for i in range(len(ids) - P)]
+    pieces = tok.pieces(ids[P:])
     figures.text_page(work / "page.svg", pieces, sc.tolist(), marks,
                       f"Probe score per token (layer {probe.layer}, tau = {probe.tau:.2f}), {r['id']}")
 

@@ -289,8 +289,7 @@ def show(tok, res: Result, mode: str) -> str:
     """The output with ANSI background colours: by provenance, or shaded by probe score."""
     colour = {"copy": "\x1b[30;43m", "neural": "\x1b[30;46m", "target": ""}
     kinds, pieces = provenance(res), []
-    for i, t in enumerate(res.output_ids):
-        piece = tok.decode(res.output_ids[:i + 1])[len(tok.decode(res.output_ids[:i])):]
+    for i, piece in enumerate(tok.pieces(res.output_ids)):
         if mode == "path":
             c = colour[kinds[i]]
         else:
