@@ -103,15 +103,18 @@ class ModelArgs:
 # ---------------------------------------------------------------------------------------
 
 class Linear(nn.Linear):
-    """nn.Linear whose single-row case calls torch.mv: at batch 1 on CPU, bf16 matrix-vector
-    products run about 25% faster there than through the GEMM path (bench.py ar)."""
+    """nn.Linear with the batch-1 CPU fast paths. Decoding reads every weight once per pass,
+    so a pass costs what streaming the weights costs, unless the kernel falls short of it:
+    at bf16 on CPU, x @ W.T for a handful of rows runs ~30% below bandwidth, while torch.mv
+    (one row) and W @ x.T (up to a few dozen rows) reach it. Verification passes carry
+    2-21 rows, so they cost about one decoding step instead of 1.4 (bench.py ar, llama.py)."""
 
     def forward(self, x):
-        if x.shape[0] != 1:
+        T = x.shape[0]
+        if x.dim() != 2 or T > 24:
             return super().forward(x)
-        if self.bias is None:
-            return torch.mv(self.weight, x[0])[None]
-        return torch.addmv(self.bias, self.weight, x[0])[None]
+        y = torch.mv(self.weight, x[0])[None] if T == 1 else torch.mm(self.weight, x.t()).t().contiguous()
+        return y if self.bias is None else y + self.bias
 
 
 class RMSNorm(nn.Module):
