@@ -686,8 +686,12 @@ def eagle_features(model, completions, folder, draft_ids, topk=32):
     L, H = model.args.n_layers, model.args.dim
     layers = (2, L // 2, L - 3)
     index = folder / "index.json"
+    topk = min(topk, len(draft_ids))
     if index.exists():
         info = json.loads(index.read_text())
+        if info["ids"] != [c["id"] for c in completions] or info["draft_ids"] != list(draft_ids):
+            raise ValueError(f"{index}: made from other completions or another draft vocabulary; "
+                             "use a new folder")
     else:
         lens = [len(c["prompt_ids"]) + len(c["output_ids"]) for c in completions]
         info = {"ids": [c["id"] for c in completions], "splits": [c["split"] for c in completions],
@@ -713,7 +717,7 @@ def eagle_features(model, completions, folder, draft_ids, topk=32):
             logits, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)),
                                 [("in", l) for l in layers])
         feats[a:b] = torch.cat([hid["in", l] for l in layers], -1).float().clamp(-65000, 65000).numpy()
-        v, j = logits[:, keep].topk(topk, dim=-1)  # over the draft vocabulary, as EAGLE-3 trains
+        v, j = logits[:, keep].topk(info["topk"], dim=-1)  # over the draft vocabulary, as EAGLE-3 trains
         tl[a:b], ti[a:b] = v.numpy(), j.numpy()
         if (i + 1) % 20 == 0 or i + 1 == len(completions):
             for m in (feats, tl, ti):

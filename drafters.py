@@ -474,8 +474,9 @@ def acceptance_length(head, embed, examples, gamma: int, d2t) -> float:
 
 
 def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
-                 eval_every=200, seed=0, log=print):
-    """Train a head on data.eagle_features(folder); save it to `out` in the official layout."""
+                 eval_every=200, seed=0, init=None, log=print):
+    """Train a head on data.eagle_features(folder); save it to `out` in the official layout.
+    init: a head folder to continue from (same draft vocabulary), else a fresh head."""
     import time
     import numpy as np
     folder = Path(folder)
@@ -503,14 +504,23 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
            "tie_word_embeddings": False, "target_fingerprint": target.fingerprint()}
     torch.manual_seed(seed)
     head = Eagle3Head(cfg, a.dim).float()
-    with torch.no_grad():  # start from the target's own output layer over the draft vocabulary
-        for name, p in head.named_parameters():
-            if p.ndim == 2:
-                nn.init.normal_(p, std=0.02)
-        head.lm_head.weight.copy_(target.lm_head.weight[draft_ids].float())
-        head.norm.weight.copy_(target.model.norm.weight.float())
-        head.fc.weight.zero_()
-        head.fc.weight[:, 2 * a.dim:] = torch.eye(a.dim)  # start as the deepest feature
+    with torch.no_grad():
+        if init:  # continue a run: its weights, with a fresh learning-rate schedule
+            start = Eagle3Head.load(init, target)
+            if not torch.equal(start.d2t.cpu() + torch.arange(len(start.d2t)), draft_ids):
+                raise ValueError(f"{init}: the head's draft vocabulary differs from {folder}'s")
+            if start.args.ffn_dim != cfg["intermediate_size"]:
+                raise ValueError(f"{init}: MLP width {start.args.ffn_dim}; pass --intermediate {start.args.ffn_dim}")
+            head.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                  for k, v in start.state_dict().items()})
+        else:  # start from the target's own output layer over the draft vocabulary
+            for name, p in head.named_parameters():
+                if p.ndim == 2:
+                    nn.init.normal_(p, std=0.02)
+            head.lm_head.weight.copy_(target.lm_head.weight[draft_ids].float())
+            head.norm.weight.copy_(target.model.norm.weight.float())
+            head.fc.weight.zero_()
+            head.fc.weight[:, 2 * a.dim:] = torch.eye(a.dim)  # start as the deepest feature
         head.d2t = draft_ids - torch.arange(len(draft_ids))
     weight = target.model.embed_tokens.weight
 
@@ -518,7 +528,7 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
         return weight[ids].float()
 
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 50) * max(0.05, 1 - t / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 50) * max(0.05, 1 - t / max(1, steps)))
     rng, curve, t0 = np.random.default_rng(seed), [], time.time()
     head.train()
     for step in range(steps + 1):
@@ -558,15 +568,20 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--intermediate", type=int, help="MLP width (default: the target's)")
     p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--init", help="a head folder to continue training (its draft vocabulary is kept)")
     a = ap.parse_args(argv)
     import data
     from fetch import resolve
     target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
     comps = data.read_jsonl(a.completions)
-    ids = data.draft_vocabulary([c for c in comps if c["split"] == "train"], a.draft_vocab)
+    if a.init:
+        d2t = Eagle3Head.load(a.init, target).d2t.cpu()
+        ids = (d2t + torch.arange(len(d2t))).tolist()
+    else:
+        ids = data.draft_vocabulary([c for c in comps if c["split"] == "train"], a.draft_vocab)
     data.eagle_features(target, comps, a.work, ids)
     train_eagle3(target, a.work, a.out, a.steps, a.ttt, a.lr, a.intermediate, eval_every=a.eval_every,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+                 init=a.init, log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

@@ -927,6 +927,32 @@ def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
     assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
 
 
+def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
+    src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    rows = []
+    for i, prompt in enumerate(repetitive_prompts(6, seed=7)):
+        out = switchsd.generate(target, prompt, max_new_tokens=12).output_ids
+        rows.append({"id": f"x{i}", "kind": "test", "split": "val" if i < 2 else "train",
+                     "prompt_ids": prompt, "output_ids": out})
+    comps = tmp_path / "c.jsonl"
+    comps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["train-eagle3", "--model", str(src), "--completions", str(comps), "--draft-vocab", "16",
+            "--steps", "3", "--eval-every", "3", "--intermediate", "32"]
+    drafters.main(args + ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "h1")])
+    first = drafters.Eagle3Head.load(tmp_path / "h1", target)
+    assert first.args.vocab_size == 16
+    # Continuing keeps the draft vocabulary and starts from the saved weights.
+    drafters.main(args + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h2"),
+                          "--init", str(tmp_path / "h1")])
+    second = drafters.Eagle3Head.load(tmp_path / "h2", target)
+    assert torch.equal(first.d2t, second.d2t)
+    assert torch.equal(first.fc.weight, second.fc.weight)
+    with pytest.raises(ValueError, match="MLP width"):
+        drafters.main(args[:-2] + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h3"),
+                                   "--init", str(tmp_path / "h1")])
+
+
 def test_bench_quick_smoke_run(tmp_path):
     src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
     target = llama.Model.from_pretrained(src, torch.float32)
