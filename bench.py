@@ -7,6 +7,7 @@
     python bench.py neural                  # the gamma sweep of SPS and EAGLE-3, with and without copying
     python bench.py analysis                # the paper's section 4.2: accepted lengths by probe state
     python bench.py probe-cost              # the probe's share of a decoding step
+    python bench.py passes                  # ms per forward by tokens carried: the economics of verifying
 
 Timings on a shared CPU are noisy, so every comparison is made in one run with the methods
 interleaved per prompt, and reported as the median over prompts of per-prompt ratios to AR.
@@ -487,6 +488,38 @@ def bench_probe_cost(a):
           f"share {100 * cost / step:.4f}%")
 
 
+def bench_passes(a):
+    """What one forward costs by the number of new tokens it carries, after a context of
+    --context tokens: the economics behind every speculative method on this machine."""
+    lines = [f"| model | " + " | ".join(f"T={T}" for T in a.widths) + " |", "|---" * (len(a.widths) + 1) + "|"]
+    for name in a.models:
+        model = llama.Model.from_pretrained(resolve(name), torch.bfloat16)
+        ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
+        cache = model.new_cache(len(ids))
+        with torch.inference_mode():
+            mask, pos = llama.causal_mask(a.context, 0)
+            model(ids[:a.context], pos, mask, cache, logits_at=slice(-1, None))
+            ms = {}
+            for T in a.widths:
+                times = []
+                for _ in range(a.repeats + 1):  # the first run warms up
+                    mask, pos = llama.causal_mask(T, a.context)
+                    t = time.perf_counter()
+                    model(ids[a.context:a.context + T], pos, mask, cache)
+                    times.append(time.perf_counter() - t)
+                    cache.truncate(a.context)
+                ms[T] = 1e3 * statistics.median(times[1:])
+        lines.append(f"| {Path(name).name} | " + " | ".join(f"{ms[T]:.0f} ms ({ms[T] / ms[a.widths[0]]:.2f}x)"
+                                                          for T in a.widths) + " |")
+        log(lines[-1])
+        del model
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, context {a.context} tokens, median of "
+                 f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
+    Path("runs").mkdir(exist_ok=True)
+    Path("runs/bench_passes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -543,6 +576,11 @@ def main():
     p = sub.add_parser("probe-cost", help="the probe's share of a decoding step")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--tokens", type=int, default=32)
+    p = sub.add_parser("passes", help="milliseconds per forward by the number of tokens it carries")
+    p.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"])
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 5, 9, 21, 41, 81])
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     for item in getattr(a, "data", []):
         task, _, path = item.partition("=")
@@ -551,7 +589,7 @@ def main():
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
      "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
-     "probe-cost": bench_probe_cost}[a.cmd](a)
+     "probe-cost": bench_probe_cost, "passes": bench_passes}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))
 

@@ -103,11 +103,12 @@ class ModelArgs:
 # ---------------------------------------------------------------------------------------
 
 class Linear(nn.Linear):
-    """nn.Linear with the batch-1 CPU fast paths. Decoding reads every weight once per pass,
-    so a pass costs what streaming the weights costs, unless the kernel falls short of it:
-    at bf16 on CPU, x @ W.T for a handful of rows runs ~30% below bandwidth, while torch.mv
-    (one row) and W @ x.T (up to a few dozen rows) reach it. Verification passes carry
-    2-21 rows, so they cost about one decoding step instead of 1.4 (bench.py ar, llama.py)."""
+    """nn.Linear with batch-1 fast paths. A decoding pass streams every weight once, so it
+    should cost what reading the weights costs; on CPU in bf16, x @ W.T over a handful of rows
+    runs ~30% slower than that, while torch.mv (one row) and W @ x.T (up to a few dozen rows)
+    keep up. So a verification pass over 2-21 tokens costs about one decoding step, not 1.4
+    (python bench.py passes). The transposed product is made contiguous again: attention's
+    fused kernel needs it, and would otherwise fall back to a slow one."""
 
     def forward(self, x):
         T = x.shape[0]
