@@ -263,6 +263,10 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(a.vocab_size, dtype=torch.long))
         self.register_buffer("inv_freq", llama.rope_frequencies(a), persistent=False)
 
+    def draft_ids(self) -> torch.Tensor:
+        """The target id of every draft id: draft_id + d2t[draft_id]."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
     def forward(self, emb, g, pos, mask, cache):
         """emb, g: (T, H) token embeddings and features -> (T, H) the layer's output h."""
         m = self.midlayer
@@ -323,7 +327,7 @@ class Eagle3Head(nn.Module):
                 head.d2t = t
             else:
                 setattr(module, leaf, nn.Parameter(t, requires_grad=False))
-        ids = torch.arange(head.args.vocab_size, device=target.device) + head.d2t
+        ids = head.draft_ids()
         if ids.min() < 0 or ids.max() >= target.args.vocab_size:
             raise ValueError(f"{folder}: d2t maps draft ids outside the target's vocabulary")
         head.inv_freq = llama.rope_frequencies(head.args).to(target.device)
@@ -386,7 +390,7 @@ class Eagle3:
                 qd = probs(logits, temperature, top_p)
                 d = torch.multinomial(qd, 1, generator=gen).item()
                 q = torch.zeros(self.target.args.vocab_size, device=dev)
-                q[torch.arange(len(qd), device=dev) + self.head.d2t] = qd  # over target ids
+                q[self.head.draft_ids()] = qd  # over target ids
             x = d + int(self.head.d2t[d])
             toks.append(x)
             qs.append(q)
@@ -476,7 +480,7 @@ def acceptance_length(head, embed, examples, gamma: int, d2t) -> float:
 def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
                  eval_every=200, seed=0, init=None, log=print):
     """Train a head on data.eagle_features(folder); save it to `out` in the official layout.
-    init: a head folder to continue from (same draft vocabulary), else a fresh head."""
+    init: a loaded Eagle3Head to continue from (same draft vocabulary), else a fresh head."""
     import time
     import numpy as np
     folder = Path(folder)
@@ -505,14 +509,14 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
     torch.manual_seed(seed)
     head = Eagle3Head(cfg, a.dim).float()
     with torch.no_grad():
-        if init:  # continue a run: its weights, with a fresh learning-rate schedule
-            start = Eagle3Head.load(init, target)
-            if not torch.equal(start.d2t.cpu() + torch.arange(len(start.d2t)), draft_ids):
-                raise ValueError(f"{init}: the head's draft vocabulary differs from {folder}'s")
-            if start.args.ffn_dim != cfg["intermediate_size"]:
-                raise ValueError(f"{init}: MLP width {start.args.ffn_dim}; pass --intermediate {start.args.ffn_dim}")
+        if init is not None:  # continue a run: its weights, with a fresh learning-rate schedule
+            if not torch.equal(init.draft_ids().cpu(), draft_ids):
+                raise ValueError(f"the head to continue has another draft vocabulary than {folder}")
+            if init.args.ffn_dim != cfg["intermediate_size"]:
+                raise ValueError(f"the head to continue has MLP width {init.args.ffn_dim}; "
+                                 f"pass --intermediate {init.args.ffn_dim}")
             head.load_state_dict({k: v.float() if v.is_floating_point() else v
-                                  for k, v in start.state_dict().items()})
+                                  for k, v in init.state_dict().items()})
         else:  # start from the target's own output layer over the draft vocabulary
             for name, p in head.named_parameters():
                 if p.ndim == 2:
@@ -574,14 +578,14 @@ def main(argv=None):
     from fetch import resolve
     target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
     comps = data.read_jsonl(a.completions)
-    if a.init:
-        d2t = Eagle3Head.load(a.init, target).d2t.cpu()
-        ids = (d2t + torch.arange(len(d2t))).tolist()
+    init = Eagle3Head.load(a.init, target) if a.init else None
+    if init is not None:
+        ids = init.draft_ids().tolist()
     else:
         ids = data.draft_vocabulary([c for c in comps if c["split"] == "train"], a.draft_vocab)
     data.eagle_features(target, comps, a.work, ids)
     train_eagle3(target, a.work, a.out, a.steps, a.ttt, a.lr, a.intermediate, eval_every=a.eval_every,
-                 init=a.init, log=lambda m: print(m, file=sys.stderr, flush=True))
+                 init=init, log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":
