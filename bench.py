@@ -84,27 +84,28 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, dtype="bfloat16"):
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=1,
+                 dtype="bfloat16"):
         self.name = model_name
         folder = resolve(model_name)
         dtype = getattr(torch, dtype)
         self.model = llama.Model.from_pretrained(folder, dtype)
         self.tok = llama.Tokenizer(folder)
-        self.folder, self.gamma, self.width = folder, gamma, width
+        self.folder, self.gamma, self.width, self.topk = folder, gamma, width, topk
         self.draft = llama.Model.from_pretrained(resolve(draft), dtype) if draft else None
         self.head = Eagle3Head.load(eagle, self.model) if eagle else None
         path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
-    def neural(self, kind, gamma=None):
+    def neural(self, kind, gamma=None, topk=None):
         g = gamma or self.gamma
         if kind == "sps":
             return DraftModel(self.draft, g)
         if kind == "eagle3":
-            return Eagle3(self.head, self.model, g)
+            return Eagle3(self.head, self.model, g, topk or self.topk)
         return None
 
-    def run(self, method: str, ids, max_new, gamma=None, width=None):
+    def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"."""
         base, _, fam = method.partition("[")
         fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
@@ -112,7 +113,7 @@ class Setup:
         copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
                   "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
                   "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
-        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma)
+        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk)
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
         return switchsd.generate(self.model, ids, kind, copier, neural,
@@ -327,7 +328,7 @@ def bench_copy(a):
 
 def bench_neural(a):
     """The gamma sweep of SPS and EAGLE-3 (the drafters themselves are in table1)."""
-    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
+    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle, topk=a.topk)
     fams = (["SPS"] if a.draft_model else []) + (["EAGLE3"] if a.eagle else [])
     fams += [f"SwitchSD[{f}]" for f in fams] if s.probe else []  # the neural path, copy separated out
     res = side_by_side(s, [(f"{f} gamma={g}", f, {"gamma": g}) for f in fams for g in a.gammas],
@@ -361,7 +362,7 @@ def bench_table1(a):
     n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
     for model, draft, eagle in configs:
         eagle = eagle if eagle and Path(eagle).is_dir() else None
-        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, dtype=a.dtype)
+        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype)
         methods = table1_methods(draft, eagle, s.probe)
         hf = {}
         if a.hf:
@@ -376,7 +377,7 @@ def bench_table1(a):
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
+                f"gamma {s.gamma}, EAGLE-3 top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
         import figures
@@ -548,6 +549,7 @@ def main():
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    p.add_argument("--topk", type=int, default=2, help="EAGLE-3's top-k per depth (greedy)")
     common(p, 2, 128)
     p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
     p.add_argument("--model", help="one target instead of the two demo configurations")
@@ -558,6 +560,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
+    p.add_argument("--topk", type=int, default=2, help="EAGLE-3's top-k per depth (greedy)")
     common(p, 8, 128)
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")

@@ -348,10 +348,15 @@ class Eagle3:
     """Chain drafting with an EAGLE-3 head: gamma tokens, each step feeding back the head's
     own output. Its KV cache holds rows built from the target's real features only; rows
     of drafted positions are dropped at the next call (rollback) and the new real features
-    from the verification pass are fed in the next draft forward (lazy propagation)."""
+    from the verification pass are fed in the next draft forward (lazy propagation).
 
-    def __init__(self, head: Eagle3Head, target, gamma: int = 4):
-        self.head, self.target, self.gamma = head, target, gamma
+    topk > 1 (greedy only) hangs the head's runners-up at each depth beside the chain as
+    leaves: a weak head's second guess is often right where its first is not, and on a
+    bandwidth-bound machine a few more rows in the verification pass cost almost nothing
+    (a static form of EAGLE-2's tree; no extra head forward)."""
+
+    def __init__(self, head: Eagle3Head, target, gamma: int = 4, topk: int = 1):
+        self.head, self.target, self.gamma, self.topk = head, target, gamma, topk
         L = target.args.n_layers
         if L < 3:
             raise ValueError(f"EAGLE-3 reads layers 2, L//2 and L-3: the target has only {L} layers")
@@ -373,32 +378,37 @@ class Eagle3:
         self.pending = []
         k = self.n_real
         self.cache.truncate(k)
+        tree = Tree([ctx[-1]])
         if feats is None or len(feats) != len(ctx) - 1 - k:  # only without any target pass yet
-            return Tree([ctx[-1]])
+            return tree
         # Catch up: pairs (g_j, token j+1) for every position j the target has run since.
         pos = torch.arange(k, len(ctx) - 1, device=dev)
         mask, _ = llama.causal_mask(len(pos), k, dev)
         g = self.head.fc(feats)
         h = self.head(embed(torch.tensor(ctx[k + 1:], device=dev)), g, pos, mask, self.cache)[-1:]
         self.n_real = len(ctx) - 1
-        toks, qs = [], []
-        for i in range(min(self.gamma, depth)):
+        node, n = 0, min(self.gamma, depth)
+        for i in range(n):
             logits = self.head.logits(h)[0]  # (draft_vocab,)
             if temperature == 0:
-                d, q = int(logits.argmax()), None
+                top = logits.topk(min(self.topk, len(logits))).indices.tolist()
+                d, q = top[0], None
             else:
                 qd = probs(logits, temperature, top_p)
-                d = torch.multinomial(qd, 1, generator=gen).item()
+                d, top = torch.multinomial(qd, 1, generator=gen).item(), []
                 q = torch.zeros(self.target.args.vocab_size, device=dev)
                 q[self.head.draft_ids()] = qd  # over target ids
             x = d + int(self.head.d2t[d])
-            toks.append(x)
-            qs.append(q)
-            if i + 1 < min(self.gamma, depth):
+            for j, t in enumerate([d, *top[1:]]):  # the chain's token first, then leaves
+                tree.tokens.append(t + int(self.head.d2t[t]))
+                tree.parents.append(node)
+                tree.q.append(q if j == 0 else None)
+            node = len(tree.tokens) - len(top[1:]) - 1
+            if i + 1 < n:
                 p = torch.tensor([len(ctx) - 1 + i], device=dev)
                 mask, _ = llama.causal_mask(1, self.cache.n, dev)
                 h = self.head(embed(torch.tensor([x], device=dev)), h, p, mask, self.cache)
-        return Tree.chain(ctx[-1], toks, qs)
+        return tree
 
 
 # ---------------------------------------------------------------------------------------

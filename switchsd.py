@@ -318,6 +318,8 @@ def parse_args(argv=None):
     ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
     ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
     ap.add_argument("--gamma", type=int, default=4, help="tokens per neural draft")
+    ap.add_argument("--topk", type=int, default=2, help="EAGLE-3, greedy: the head's top-k at each "
+                    "depth, runners-up verified as leaves beside the chain (1 = a plain chain)")
     ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -370,8 +372,8 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if a.gamma < 1:
-        raise ValueError("need --gamma >= 1")
+    if a.gamma < 1 or a.topk < 1:
+        raise ValueError("need --gamma >= 1 and --topk >= 1")
     neural = None
     if a.draft_model:
         dfolder = resolve(a.draft_model)
@@ -382,7 +384,7 @@ def build(a):
                              f"{model.args.vocab_size}")
         neural = DraftModel(draft, a.gamma)
     if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma)
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk)
     return model, tok, copier, neural, probe
 
 

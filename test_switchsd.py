@@ -637,7 +637,8 @@ def neural_setup(tmp_path_factory):
 def neural_drafters(setup):
     target, draft, head = setup
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
-            ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3))]
+            ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
+            ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3))]
 
 
 def test_neural_drafters_greedy_match_ar(neural_setup):
