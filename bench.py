@@ -327,16 +327,20 @@ def bench_copy(a):
 
 
 def bench_neural(a):
-    """The gamma sweep of SPS and EAGLE-3 (the drafters themselves are in table1)."""
-    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle, topk=a.topk)
-    fams = (["SPS"] if a.draft_model else []) + (["EAGLE3"] if a.eagle else [])
-    fams += [f"SwitchSD[{f}]" for f in fams] if s.probe else []  # the neural path, copy separated out
-    res = side_by_side(s, [(f"{f} gamma={g}", f, {"gamma": g}) for f in fams for g in a.gammas],
+    """The gamma sweep of SPS and EAGLE-3, and EAGLE-3's top-k (the drafters themselves are
+    in table1). Each series is a drafter, alone or as SwitchSD's neural path."""
+    s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
+    fams = [("SPS", "SPS", {})] if a.draft_model else []
+    if a.eagle:
+        fams += [(f"EAGLE3 top-k={k}" if len(a.topk) > 1 else "EAGLE3", "EAGLE3", {"topk": k}) for k in a.topk]
+    if s.probe:  # the neural path with copy separated out
+        fams += [(f"SwitchSD[{label}]", f"SwitchSD[{m}]", kw) for label, m, kw in fams]
+    res = side_by_side(s, [(f"{f} gamma={g}", m, {**kw, "gamma": g}) for f, m, kw in fams for g in a.gammas],
                        a.tasks, a.prompts, a.tokens)
     import figures
     for task in a.tasks:
         figures.line_chart(f"runs/gamma_{Path(a.model).name}_{task}.svg",
-                           {f: (a.gammas, [res[task][f"{f} gamma={g}"]["speedup"] for g in a.gammas]) for f in fams},
+                           {f: (a.gammas, [res[task][f"{f} gamma={g}"]["speedup"] for g in a.gammas]) for f, _, _ in fams},
                            f"Speedup vs gamma, {TASKS[task]} ({a.model})", "gamma (draft tokens per step)",
                            "speedup over AR (median)")
     save(res, f"runs/gamma_{Path(a.model).name}",
@@ -549,7 +553,7 @@ def main():
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
-    p.add_argument("--topk", type=int, default=2, help="EAGLE-3's top-k per depth (greedy)")
+    p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
     common(p, 2, 128)
     p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
     p.add_argument("--model", help="one target instead of the two demo configurations")
