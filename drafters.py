@@ -398,12 +398,12 @@ class Eagle3:
                 d, top = torch.multinomial(qd, 1, generator=gen).item(), []
                 q = torch.zeros(self.target.args.vocab_size, device=dev)
                 q[self.head.draft_ids()] = qd  # over target ids
-            x = d + int(self.head.d2t[d])
-            for j, t in enumerate([d, *top[1:]]):  # the chain's token first, then leaves
+            chain = len(tree.tokens)
+            for t in [d, *top[1:]]:  # the chain's token first, then the runners-up as leaves
                 tree.tokens.append(t + int(self.head.d2t[t]))
                 tree.parents.append(node)
-                tree.q.append(q if j == 0 else None)
-            node = len(tree.tokens) - len(top[1:]) - 1
+                tree.q.append(q if t == d else None)
+            node, x = chain, tree.tokens[chain]
             if i + 1 < n:
                 p = torch.tensor([len(ctx) - 1 + i], device=dev)
                 mask, _ = llama.causal_mask(1, self.cache.n, dev)
