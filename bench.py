@@ -84,7 +84,7 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=1,
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=2,
                  dtype="bfloat16"):
         self.name = model_name
         folder = resolve(model_name)
