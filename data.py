@@ -668,6 +668,42 @@ def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
 # EAGLE-3 training data: the target's fused-layer inputs and next-token distributions
 # ---------------------------------------------------------------------------------------
 
+def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
+    """EAGLE-1-style fixed data for a head: text the target did not write, put in an
+    assistant turn so that its features and next-token distributions are the target's own.
+    Half are windows of CPython standard-library sources (as a fenced Python answer), half
+    of the Python docs and /usr/share licenses (prose). A target forward over a window
+    costs ~20x less than generating it, so this buys the head far more data for the same
+    CPU; the self-distilled completions stay the main (and the validation) data."""
+    rng = random.Random(seed)
+    files = sorted(p for p in STDLIB.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(STDLIB).parts[:-1]))
+    rng.shuffle(files)
+    texts = []
+    try:
+        from pydoc_data.topics import topics
+        texts += [topics[k] for k in sorted(topics)]
+    except ImportError:
+        pass
+    if LICENSES.is_dir():
+        texts += [_read(p) or "" for p in sorted(LICENSES.iterdir()) if p.is_file()]
+    rng.shuffle(texts)
+    sources = (("code", "Show me a piece of Python's standard library.", ("```python\n" + (_read(p) or "") for p in files)),
+               ("prose", "Explain this part of the Python documentation.", iter(texts)))
+    out = []
+    for kind, ask, docs in sources:
+        prompt, quota = tok.prompt_ids(ask), len(out) + n // 2
+        for text in docs:
+            ids = tok.encode(text, special=False)
+            for a in range(0, len(ids) - length // 2, length):  # whole windows, and a last half one
+                out.append({"id": f"text-{kind}-{len(out):04d}", "kind": f"text-{kind}", "split": "train",
+                            "prompt_ids": prompt, "output_ids": ids[a:a + length]})
+                if kind == "code" or len(out) == quota:
+                    break  # one window per source file: many files, not a few long ones
+            if len(out) == quota:
+                break
+    return out
+
+
 def draft_vocabulary(completions, n: int) -> list[int]:
     """The n most frequent tokens of the completions (EAGLE-3's draft vocabulary), sorted."""
     counts = np.bincount(np.concatenate([c["output_ids"] for c in completions]))

@@ -419,6 +419,16 @@ def load_safetensors(folder: Path) -> dict:
 # Tokenizer and chat formats
 # ---------------------------------------------------------------------------------------
 
+def default_system(template: str) -> str | None:
+    """The literal system prompt a ChatML jinja template inserts when the user gives none.
+    The template may also splice in messages[0]['content'] and may write its newline as a
+    real one or as a jinja escape: take the first system turn that is plain text."""
+    for m in re.finditer(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", template, re.S):
+        if not re.search(r"[{}'\"+]|\bmessages\b", m.group(1)):
+            return m.group(1).replace("\\n", "\n")
+    return None
+
+
 class Tokenizer:
     """tokenizer.json through the `tokenizers` library, plus stop ids and a chat format.
 
@@ -443,8 +453,7 @@ class Tokenizer:
         if "<|im_start|>" in vocab:
             self.chat_format = "chatml"
             self.eos_ids.add(vocab["<|im_end|>"])
-            m = re.search(r"<\|im_start\|>system\\n(.*?)<\|im_end\|>", tcfg.get("chat_template") or "")
-            self.default_system = m.group(1) if m and "{{" not in m.group(1) else None
+            self.default_system = default_system(tcfg.get("chat_template") or "")
         elif "<|start_header_id|>" in vocab:
             self.chat_format = "llama3"
             self.eos_ids.add(vocab["<|eot_id|>"])

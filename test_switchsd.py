@@ -266,6 +266,15 @@ def test_tokenizer_and_chat_format(tiny):
     ids = tok.prompt_ids("hi")
     assert ids[0] == tok.tok.token_to_id("<|im_start|>") and ids.count(tok.tok.token_to_id("<|im_end|>")) == 2
     assert tok.tok.token_to_id("<|im_end|>") in tok.eos_ids
+    # The system prompt as transformers' apply_chat_template inserts it, from the shapes of
+    # real templates: Qwen2.5's (a spliced system turn first, jinja-escaped newlines) and
+    # SmolLM2's (real newlines).
+    qwen = ("{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+            "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Q.<|im_end|>\\n' }}{%- endif %}")
+    smol = "{{ '<|im_start|>system\nYou are S, by H<|im_end|>\n' }}{{'<|im_start|>' + message['role']}}"
+    assert llama.default_system(qwen) == "You are Q."
+    assert llama.default_system(smol) == "You are S, by H"
+    assert llama.default_system("{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>' }}") is None
     tok.chat_format = "llama3"
     assert tok.chat("hi", system="S") == (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
