@@ -639,9 +639,9 @@ def constructed_copy(vocab_ids, n=200, length=256, seed=0) -> list[dict]:
     return out
 
 
-def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
-    """Natural text with whatever repeats it has: the Python documentation shipped in the
-    stdlib (pydoc_data) and /usr/share/common-licenses, cut into windows of `length` tokens."""
+def doc_texts(rng) -> list[str]:
+    """Prose on every machine: the Python docs in pydoc_data and /usr/share/common-licenses,
+    in an order shuffled by rng."""
     texts = []
     try:
         from pydoc_data.topics import topics
@@ -650,8 +650,15 @@ def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
         pass
     if LICENSES.is_dir():
         texts += [_read(p) or "" for p in sorted(LICENSES.iterdir()) if p.is_file()]
-    rng = random.Random(seed)
     rng.shuffle(texts)
+    return texts
+
+
+def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
+    """Natural text with whatever repeats it has: the Python documentation shipped in the
+    stdlib (pydoc_data) and /usr/share/common-licenses, cut into windows of `length` tokens."""
+    rng = random.Random(seed)
+    texts = doc_texts(rng)
     out = []
     for text in texts:
         ids = tok.encode(text, special=False)
@@ -678,15 +685,7 @@ def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
     rng = random.Random(seed)
     files = sorted(p for p in STDLIB.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(STDLIB).parts[:-1]))
     rng.shuffle(files)
-    texts = []
-    try:
-        from pydoc_data.topics import topics
-        texts += [topics[k] for k in sorted(topics)]
-    except ImportError:
-        pass
-    if LICENSES.is_dir():
-        texts += [_read(p) or "" for p in sorted(LICENSES.iterdir()) if p.is_file()]
-    rng.shuffle(texts)
+    texts = doc_texts(rng)
     sources = (("code", "Show me a piece of Python's standard library.", ("```python\n" + (_read(p) or "") for p in files)),
                ("prose", "Explain this part of the Python documentation.", iter(texts)))
     out = []

@@ -583,11 +583,15 @@ def main(argv=None):
     p.add_argument("--intermediate", type=int, help="MLP width (default: the target's)")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--init", help="a head folder to continue training (its draft vocabulary is kept)")
+    p.add_argument("--text", type=int, default=0,
+                   help="add N windows of reference text (stdlib code, Python docs) to the training split")
     a = ap.parse_args(argv)
     import data
     from fetch import resolve
     target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
     comps = data.read_jsonl(a.completions)
+    if a.text:
+        comps += data.reference_text(llama.Tokenizer(resolve(a.model)), a.text)
     init = Eagle3Head.load(a.init, target) if a.init else None
     if init is not None:
         ids = init.draft_ids().tolist()

@@ -937,6 +937,18 @@ def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
     assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
 
 
+def test_reference_text_for_heads(tiny):
+    tok = llama.Tokenizer(tiny[1])
+    rows = data.reference_text(tok, n=6, length=64)
+    assert [r["kind"] for r in rows] == ["text-code"] * 3 + ["text-prose"] * 3
+    assert len({r["id"] for r in rows}) == 6 and all(r["split"] == "train" for r in rows)
+    assert all(32 <= len(r["output_ids"]) <= 64 for r in rows)
+    # An assistant turn of the chat format, so the target's features are those it decodes with.
+    assert rows[0]["prompt_ids"] == tok.prompt_ids("Show me a piece of Python's standard library.")
+    assert tok.decode(rows[0]["output_ids"]).startswith("```python\n")
+    assert rows == data.reference_text(tok, n=6, length=64)  # deterministic: features resume
+
+
 def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
     src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
     target = llama.Model.from_pretrained(src, torch.float32)
