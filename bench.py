@@ -5,6 +5,7 @@
     python bench.py table1 [--quick] [--hf] # the paper's Table 1: every method (+ transformers'), three tasks
     python bench.py copy                    # the W sweep of the copy path
     python bench.py neural                  # the gamma sweep of SPS and EAGLE-3, with and without copying
+    python bench.py heads                   # EAGLE-3 heads: vocabulary coverage, offline vs live acceptance
     python bench.py analysis                # the paper's section 4.2: accepted lengths by probe state
     python bench.py probe-cost              # the probe's share of a decoding step
     python bench.py passes                  # ms per forward by tokens carried: the economics of verifying
@@ -349,6 +350,53 @@ def bench_neural(a):
          f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
 
+def bench_heads(a):
+    """Where an EAGLE-3 head loses tokens, per task: the share of the target's output its
+    draft vocabulary can express at all, the acceptance length the trainer reports
+    (teacher-forced on these outputs) and the tokens per forward of live chain drafting.
+    Offline and live agree for a correct drafter; both low means a head out of its domain."""
+    import tempfile
+    import data
+    from drafters import acceptance_length, eagle_examples
+    s = Setup(a.model, dtype=a.dtype)
+    prompts = [(t, s.tok.prompt_ids(p)) for t in a.tasks for p in task_prompts(t, a.prompts)]
+    ar = [switchsd.generate(s.model, ids, max_new_tokens=a.tokens, stop_ids=s.tok.eos_ids).output_ids
+          for _, ids in prompts]
+    lines = ["| head | task | draft-vocab coverage | acceptance (teacher-forced) | tok/fwd (live, top-k 1) |",
+             "|---|---|---|---|---|"]
+    for path in a.eagle:
+        head = Eagle3Head.load(path, s.model)
+        draft_ids = head.draft_ids().tolist()
+        comps, live = [], []
+        for (task, ids), out in zip(prompts, ar):
+            res = switchsd.generate(s.model, ids, "eagle3", None, Eagle3(head, s.model, a.gamma, 1),
+                                    max_new_tokens=a.tokens, stop_ids=s.tok.eos_ids)
+            if agreement(s, ids, out, res.output_ids) == "DIFF":
+                DIFFS.append(f"heads: {Path(path).name} on {task}: output differs from AR beyond a near-tie")
+            live.append(len(res.output_ids) / len(res.steps))
+            comps.append({"id": f"{task}-{len(comps)}", "split": "val", "prompt_ids": ids, "output_ids": out})
+        with tempfile.TemporaryDirectory() as tmp:
+            data.eagle_features(s.model, comps, tmp, draft_ids)
+            _, example = eagle_examples(tmp)
+            examples = [example(i) for i in range(len(comps))]
+        f = head.float()
+        w = s.model.model.embed_tokens.weight
+        vocab = set(draft_ids)
+        for task in a.tasks:
+            at = [i for i, (t, _) in enumerate(prompts) if t == task]
+            out = [t for i in at for t in ar[i]]
+            acc = acceptance_length(f, lambda ids: w[ids].float(), [examples[i] for i in at], a.gamma, f.d2t)
+            lines.append(f"| {Path(path).name} | {TASKS[task]} | {sum(t in vocab for t in out) / len(out):.1%} | "
+                         f"{acc:.2f} | {statistics.mean(live[i] for i in at):.2f} |")
+    md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
+          f"{a.prompts} prompts per task, {a.tokens} new tokens, gamma {a.gamma}.\n"
+          f"Command: python bench.py {' '.join(sys.argv[1:])}\n\n" + "\n".join(lines) + "\n")
+    out = Path(a.out or "runs") / f"heads_{Path(a.model).name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(md)
+    print(md)
+
+
 def table1_methods(draft, eagle, probe) -> list[str]:
     fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
     ms = ["PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec", "copy"] + fams
@@ -555,6 +603,13 @@ def main():
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
     common(p, 2, 128)
+    p = sub.add_parser("heads", help="EAGLE-3 heads: draft-vocabulary coverage, offline vs live acceptance")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--eagle", nargs="+", default=[str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b")])
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--out", help="folder for the results (default runs/)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    common(p, 2, 64)
     p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
     p.add_argument("--model", help="one target instead of the two demo configurations")
     p.add_argument("--draft-model", help="with --model: the SPS draft")
@@ -594,7 +649,8 @@ def main():
         if task not in TASKS or not Path(path).is_file():
             ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(TASKS)} and an existing file")
         TASK_FILES[task] = path
-    {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "table1": bench_table1,
+    {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "heads": bench_heads,
+     "table1": bench_table1,
      "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost, "passes": bench_passes}[a.cmd](a)
     if DIFFS:

@@ -487,11 +487,9 @@ def acceptance_length(head, embed, examples, gamma: int, d2t) -> float:
     return total / max(n, 1)
 
 
-def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
-                 eval_every=200, seed=0, init=None, log=print):
-    """Train a head on data.eagle_features(folder); save it to `out` in the official layout.
-    init: a loaded Eagle3Head to continue from (same draft vocabulary), else a fresh head."""
-    import time
+def eagle_examples(folder):
+    """The features data.eagle_features wrote: (its index, example(i) -> one sequence's
+    tokens, prompt length, features and top-k target logits, read from the memmaps)."""
     import numpy as np
     folder = Path(folder)
     info = json.loads((folder / "index.json").read_text())
@@ -505,7 +503,16 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
         return {"tokens": tokens[a:b].tolist(), "prompt_len": info["prompt_lens"][i],
                 **{k: torch.from_numpy(np.asarray(v[a:b], dtype=np.float32 if k != "top_ids" else np.int64))
                    for k, v in arrays.items()}}
+    return info, example
 
+
+def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
+                 eval_every=200, seed=0, init=None, log=print):
+    """Train a head on data.eagle_features(folder); save it to `out` in the official layout.
+    init: a loaded Eagle3Head to continue from (same draft vocabulary), else a fresh head."""
+    import time
+    import numpy as np
+    info, example = eagle_examples(folder)
     train = [i for i, s in enumerate(info["splits"]) if s == "train"]
     val = [example(i) for i, s in enumerate(info["splits"]) if s == "val"][:40]
     a = target.args

@@ -998,6 +998,12 @@ def test_bench_quick_smoke_run(tmp_path):
                                       "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]"]
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
+    r = subprocess.run([sys.executable, str(HERE / "bench.py"), "heads", "--model", str(src), "--eagle", str(eagle),
+                        "--tasks", "humaneval", "--data", f"humaneval={tmp_path / 'he.jsonl'}", "--tokens", "16",
+                        "--dtype", "float32", "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=HERE,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "out" / "heads_t.md").read_text().count("| e | HumanEval |") == 1
 
 
 # ---------------------------------------------------------------------------------------
