@@ -388,7 +388,7 @@ def bench_heads(a):
             acc = acceptance_length(f, lambda ids: w[ids].float(), [examples[i] for i in at], a.gamma, f.d2t)
             lines.append(f"| {Path(path).name} | {TASKS[task]} | {sum(t in vocab for t in out) / len(out):.1%} | "
                          f"{acc:.2f} | {statistics.mean(live[i] for i in at):.2f} |")
-    md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
+    md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.dtype}, greedy, "
           f"{a.prompts} prompts per task, {a.tokens} new tokens, gamma {a.gamma}.\n"
           f"Command: python bench.py {' '.join(sys.argv[1:])}\n\n" + "\n".join(lines) + "\n")
     out = Path(a.out or "runs") / f"heads_{Path(a.model).name}.md"
@@ -650,8 +650,7 @@ def main():
             ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(TASKS)} and an existing file")
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "heads": bench_heads,
-     "table1": bench_table1,
-     "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
+     "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost, "passes": bench_passes}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))
