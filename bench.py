@@ -44,10 +44,11 @@ TASKS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM"}
 
 DIFFS = []  # greedy runs of ours that differ from AR beyond a near-tie: main() fails on any
 TASK_FILES = {}  # task -> a file of the same format to read instead (--data TASK=FILE)
+SKIP = 0  # prompts to skip at the start of every task (--skip)
 
 
 def task_prompts(task: str, n: int) -> list[str]:
-    """The first n prompts of a task, from its default file or the one --data gave."""
+    """n prompts of a task (after the first SKIP), from its default file or the one --data gave."""
     path = TASK_FILES.get(task)
     if task == "humaneval":
         if path is None:
@@ -57,7 +58,7 @@ def task_prompts(task: str, n: int) -> list[str]:
         with opener(path, "rt") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return [f"Complete the following Python function. Return the whole function.\n\n"
-                f"```python\n{r['prompt']}```" for r in rows[:n]]
+                f"```python\n{r['prompt']}```" for r in rows[SKIP:SKIP + n]]
     files = {"math500": "math500_dev.jsonl", "cnndm": "cnndm_dev.jsonl"}
     if task not in files:
         raise ValueError(f"unknown task {task!r} ({', '.join(TASKS)})")
@@ -65,8 +66,8 @@ def task_prompts(task: str, n: int) -> list[str]:
         rows = [json.loads(line) for line in f if line.strip()]
     if task == "math500":
         return [f"Solve the following problem step by step. Put the final answer in \\boxed{{}}.\n\n"
-                f"{r['problem']}" for r in rows[:n]]
-    return [f"Summarize the following article in a few sentences.\n\n{r['article']}" for r in rows[:n]]
+                f"{r['problem']}" for r in rows[SKIP:SKIP + n]]
+    return [f"Summarize the following article in a few sentences.\n\n{r['article']}" for r in rows[SKIP:SKIP + n]]
 
 
 def machine() -> str:
@@ -85,28 +86,28 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=2,
-                 dtype="bfloat16"):
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=4, topk=2,
+                 dtype="bfloat16", threshold=switchsd.SPS_THRESHOLD):
         self.name = model_name
         folder = resolve(model_name)
         dtype = getattr(torch, dtype)
         self.model = llama.Model.from_pretrained(folder, dtype)
         self.tok = llama.Tokenizer(folder)
-        self.folder, self.gamma, self.width, self.topk = folder, gamma, width, topk
+        self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
         self.draft = llama.Model.from_pretrained(resolve(draft), dtype) if draft else None
         self.head = Eagle3Head.load(eagle, self.model) if eagle else None
         path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
-    def neural(self, kind, gamma=None, topk=None):
-        g = gamma or self.gamma
+    def neural(self, kind, gamma=None, topk=None, threshold=None):
+        g = gamma or self.gamma  # None: each drafter's default
         if kind == "sps":
-            return DraftModel(self.draft, g)
+            return DraftModel(self.draft, g or switchsd.SPS_GAMMA, self.threshold if threshold is None else threshold)
         if kind == "eagle3":
-            return Eagle3(self.head, self.model, g, topk or self.topk)
+            return Eagle3(self.head, self.model, g or switchsd.EAGLE_GAMMA, topk or self.topk)
         return None
 
-    def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None):
+    def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"."""
         base, _, fam = method.partition("[")
         fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
@@ -114,7 +115,7 @@ class Setup:
         copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
                   "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
                   "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
-        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk)
+        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold)
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
         return switchsd.generate(self.model, ids, kind, copier, neural,
@@ -331,7 +332,8 @@ def bench_neural(a):
     """The gamma sweep of SPS and EAGLE-3, and EAGLE-3's top-k (the drafters themselves are
     in table1). Each series is a drafter, alone or as SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
-    fams = [("SPS", "SPS", {})] if a.draft_model else []
+    fams = [(f"SPS q>={t}" if len(a.thresholds) > 1 else "SPS", "SPS", {"threshold": t})
+            for t in a.thresholds] if a.draft_model else []
     if a.eagle:
         fams += [(f"EAGLE3 top-k={k}" if len(a.topk) > 1 else "EAGLE3", "EAGLE3", {"topk": k}) for k in a.topk]
     if s.probe:  # the neural path with copy separated out
@@ -429,7 +431,8 @@ def bench_table1(a):
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma}, EAGLE-3 top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
+                f"SPS gamma <= {switchsd.SPS_GAMMA} (a draft stops after a token it gives q < "
+                f"{s.threshold}), EAGLE-3 gamma {switchsd.EAGLE_GAMMA}, top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
         import figures
@@ -583,6 +586,8 @@ def main():
                        help="read a task's prompts from this file (same format as the default)")
         p.add_argument("--prompts", type=int, default=prompts, help="prompts per task")
         p.add_argument("--tokens", type=int, default=tokens, help="new tokens per prompt")
+        p.add_argument("--skip", type=int, default=0,
+                       help="skip each task's first N prompts (e.g. to tune on prompts table1 does not use)")
 
     p = sub.add_parser("ar", help="autoregressive tokens/s: ours vs transformers")
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
@@ -602,6 +607,8 @@ def main():
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
+    p.add_argument("--thresholds", type=float, nargs="+", default=[switchsd.SPS_THRESHOLD],
+                   help="SPS: stop a draft after a token with q below this (0 = never)")
     common(p, 2, 128)
     p = sub.add_parser("heads", help="EAGLE-3 heads: draft-vocabulary coverage, offline vs live acceptance")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -644,6 +651,8 @@ def main():
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
+    global SKIP
+    SKIP = getattr(a, "skip", 0)
     for item in getattr(a, "data", []):
         task, _, path = item.partition("=")
         if task not in TASKS or not Path(path).is_file():

@@ -646,13 +646,14 @@ def neural_setup(tmp_path_factory):
 def neural_drafters(setup):
     target, draft, head = setup
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
+            ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
             ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
             ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3))]
 
 
 def test_neural_drafters_greedy_match_ar(neural_setup):
     target = neural_setup[0]
-    accepted = 0
+    accepted, stopped = 0, 0
     for prompt in repetitive_prompts(4, seed=7):
         ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
         for name, make in neural_drafters(neural_setup):
@@ -660,7 +661,12 @@ def test_neural_drafters_greedy_match_ar(neural_setup):
                 res = switchsd.generate(target, prompt, method, copier, make(), max_new_tokens=40)
                 assert res.output_ids == ref, (name, method)
                 accepted += sum(s.accepted for s in res.steps if s.path == "neural")
-    assert accepted > 100
+                if name == "sps-stop":  # drafts cut short by the draft's doubt, not by the budget
+                    n = len(prompt)
+                    for s in res.steps:
+                        stopped += s.path == "neural" and s.drafted < min(4, 39 - (n - len(prompt)))
+                        n += s.accepted + 1
+    assert accepted > 100 and stopped > 0
 
 
 class RandomCopier(CopyDrafter):
@@ -697,19 +703,22 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
             assert lagging.tokens == rebuilt.tokens, name
 
 
-def test_sps_sampling_is_lossless(tmp_path):
+@pytest.mark.parametrize("gamma,threshold,temperature", [(2, 0.0, 1.0), (3, 0.7, 4.0)])
+def test_sps_sampling_is_lossless(tmp_path, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
     draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
-    prompt = [1, 2, 3, 4, 5]
-    p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
-    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
+    prompt, T = [1, 2, 3, 4, 5], temperature
+    p1 = torch.softmax(full_logits(target, prompt)[-1] / T, 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1] / T, 0)[b].item()
              for a in range(8) for b in range(8)}
-    n, counts, sps = 2000, {}, drafters.DraftModel(draft, gamma=2)
-    for seed in range(n):
-        res = switchsd.generate(target, prompt, "sps", None, sps, max_new_tokens=2, temperature=1.0, seed=seed)
-        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+    n, counts, cut, sps = 2000, {}, 0, drafters.DraftModel(draft, gamma, threshold)
+    for seed in range(n):  # three new tokens: the first step drafts up to two, the joint of which we test
+        res = switchsd.generate(target, prompt, "sps", None, sps, max_new_tokens=3, temperature=T, seed=seed)
+        counts[tuple(res.output_ids[:2])] = counts.get(tuple(res.output_ids[:2]), 0) + 1
+        cut += res.steps[0].drafted < 2
     draws_match(counts, joint, n)
+    assert (cut > n // 4) == (threshold > 0)  # the threshold variant does stop drafts early
 
 
 # ---------------------------------------------------------------------------------------
