@@ -86,7 +86,7 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=4, topk=2,
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=2,
                  dtype="bfloat16", threshold=switchsd.SPS_THRESHOLD):
         self.name = model_name
         folder = resolve(model_name)
@@ -100,11 +100,11 @@ class Setup:
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
     def neural(self, kind, gamma=None, topk=None, threshold=None):
-        g = gamma or self.gamma  # None: each drafter's default
+        g = gamma or self.gamma
         if kind == "sps":
-            return DraftModel(self.draft, g or switchsd.SPS_GAMMA, self.threshold if threshold is None else threshold)
+            return DraftModel(self.draft, g, self.threshold if threshold is None else threshold)
         if kind == "eagle3":
-            return Eagle3(self.head, self.model, g or switchsd.EAGLE_GAMMA, topk or self.topk)
+            return Eagle3(self.head, self.model, g, topk or self.topk)
         return None
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None):
@@ -399,12 +399,14 @@ def bench_heads(a):
     print(md)
 
 
-def table1_methods(draft, eagle, probe) -> list[str]:
+def table1_methods(draft, eagle, probe) -> list:
     fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
     ms = ["PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec", "copy"] + fams
+    if draft:  # SPS alone drafts best with a longer lookahead (README, "SPS's early stop")
+        ms.insert(ms.index("SPS") + 1, ("SPS gamma=8", "SPS", {"gamma": 8}))
     ms += [f"BanditSpec[{f}]" for f in fams or [""]]
     ms += [f"SwitchSD[{f}]" for f in fams or [""]] if probe else []
-    return [m.replace("[]", "") for m in ms]
+    return [m.replace("[]", "") if isinstance(m, str) else m for m in ms]
 
 
 def bench_table1(a):
@@ -431,8 +433,8 @@ def bench_table1(a):
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"SPS gamma <= {switchsd.SPS_GAMMA} (a draft stops after a token it gives q < "
-                f"{s.threshold}), EAGLE-3 gamma {switchsd.EAGLE_GAMMA}, top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
+                f"gamma {s.gamma} (SPS: a draft stops after a token it gives q < {s.threshold}), "
+                f"EAGLE-3 top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
         import figures

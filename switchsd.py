@@ -302,9 +302,7 @@ def show(tok, res: Result, mode: str) -> str:
 
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
-# Neural drafting defaults, chosen on prompts outside Table 1's (README, "SPS's early stop"):
-# the draft model stops itself where it is unsure, so its gamma is only a cap.
-SPS_GAMMA, SPS_THRESHOLD, EAGLE_GAMMA = 8, 0.7, 4
+SPS_THRESHOLD = 0.7  # SPS's early stop, chosen on prompts Table 1 does not use (README)
 
 
 def parse_args(argv=None):
@@ -320,8 +318,7 @@ def parse_args(argv=None):
     ap.add_argument("--copy-depth", type=int, default=20, help="D: longest copied candidate")
     ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
     ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
-    ap.add_argument("--gamma", type=int, help=f"most tokens per neural draft (default: SPS "
-                    f"{SPS_GAMMA}, EAGLE-3 {EAGLE_GAMMA})")
+    ap.add_argument("--gamma", type=int, default=4, help="most tokens per neural draft")
     ap.add_argument("--draft-threshold", type=float, default=SPS_THRESHOLD,
                     help="SPS: stop a draft after a token the draft model gives less than this "
                     "probability (0 = always gamma tokens; default: %(default)s)")
@@ -379,7 +376,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if (a.gamma is not None and a.gamma < 1) or a.topk < 1 or not 0 <= a.draft_threshold < 1:
+    if a.gamma < 1 or a.topk < 1 or not 0 <= a.draft_threshold < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:
@@ -389,9 +386,9 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma or SPS_GAMMA, a.draft_threshold)
+        neural = DraftModel(draft, a.gamma, a.draft_threshold)
     if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma or EAGLE_GAMMA, a.topk)
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk)
     return model, tok, copier, neural, probe
 
 
