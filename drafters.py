@@ -190,8 +190,9 @@ class DraftModel:
     threshold: stop drafting after a token the draft itself doubts (its probability under q
     below threshold; greedy: the top softmax probability). A doubted token is usually rejected,
     and every draft forward after it is wasted time: on the development CPU a forward of the
-    0.5B draft costs about half a 1.5B target step. Lossless all the same: where to stop depends only on the
-    draft's own samples, and each drafted token still meets the acceptance rule."""
+    0.5B draft costs about half a 1.5B target step. Lossless all the same: where to stop
+    depends only on the draft's own samples, and each drafted token still meets the
+    acceptance rule."""
     capture = ()  # needs no hidden state of the target
 
     def __init__(self, model, gamma: int = 4, threshold: float = 0.0):
