@@ -87,7 +87,7 @@ class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
     def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=2,
-                 dtype="bfloat16", threshold=switchsd.SPS_THRESHOLD):
+                 dtype="bfloat16", threshold=None):
         self.name = model_name
         folder = resolve(model_name)
         dtype = getattr(torch, dtype)
@@ -101,10 +101,11 @@ class Setup:
 
     def neural(self, kind, gamma=None, topk=None, threshold=None):
         g = gamma or self.gamma
+        t = self.threshold if threshold is None else threshold
         if kind == "sps":
-            return DraftModel(self.draft, g, self.threshold if threshold is None else threshold)
+            return DraftModel(self.draft, g, switchsd.SPS_THRESHOLD if t is None else t)
         if kind == "eagle3":
-            return Eagle3(self.head, self.model, g, topk or self.topk)
+            return Eagle3(self.head, self.model, g, topk or self.topk, switchsd.EAGLE3_THRESHOLD if t is None else t)
         return None
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None):
@@ -332,10 +333,12 @@ def bench_neural(a):
     """The gamma sweep of SPS and EAGLE-3, and EAGLE-3's top-k (the drafters themselves are
     in table1). Each series is a drafter, alone or as SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
-    fams = [(f"SPS q>={t}" if len(a.thresholds) > 1 else "SPS", "SPS", {"threshold": t})
-            for t in a.thresholds] if a.draft_model else []
+    ts = a.thresholds or [None]  # None: each drafter's default
+    q = lambda t: f" q>={t}" if len(ts) > 1 else ""
+    fams = [(f"SPS{q(t)}", "SPS", {"threshold": t}) for t in ts] if a.draft_model else []
     if a.eagle:
-        fams += [(f"EAGLE3 top-k={k}" if len(a.topk) > 1 else "EAGLE3", "EAGLE3", {"topk": k}) for k in a.topk]
+        fams += [(f"EAGLE3" + (f" top-k={k}" if len(a.topk) > 1 else "") + q(t), "EAGLE3", {"topk": k, "threshold": t})
+                 for k in a.topk for t in ts]
     if s.probe:  # the neural path with copy separated out
         fams += [(f"SwitchSD[{label}]", f"SwitchSD[{m}]", kw) for label, m, kw in fams]
     res = side_by_side(s, [(f"{f} gamma={g}", m, {**kw, "gamma": g}) for f, m, kw in fams for g in a.gammas],
@@ -433,7 +436,8 @@ def bench_table1(a):
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma} (SPS: a draft stops after a token it gives q < {s.threshold}), "
+                f"gamma {s.gamma} (a draft stops after a token the drafter gives q < {switchsd.SPS_THRESHOLD} for SPS, "
+                f"< {switchsd.EAGLE3_THRESHOLD} for EAGLE-3), "
                 f"EAGLE-3 top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
@@ -609,8 +613,8 @@ def main():
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
-    p.add_argument("--thresholds", type=float, nargs="+", default=[switchsd.SPS_THRESHOLD],
-                   help="SPS: stop a draft after a token with q below this (0 = never)")
+    p.add_argument("--thresholds", type=float, nargs="+",
+                   help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
     common(p, 2, 128)
     p = sub.add_parser("heads", help="EAGLE-3 heads: draft-vocabulary coverage, offline vs live acceptance")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")

@@ -364,10 +364,14 @@ class Eagle3:
     topk > 1 (greedy only) hangs the head's runners-up at each depth beside the chain as
     leaves: a weak head's second guess is often right where its first is not, and on a
     bandwidth-bound machine a few more rows in the verification pass cost almost nothing
-    (a static form of EAGLE-2's tree; no extra head forward)."""
+    (a static form of EAGLE-2's tree; no extra head forward).
 
-    def __init__(self, head: Eagle3Head, target, gamma: int = 4, topk: int = 1):
-        self.head, self.target, self.gamma, self.topk = head, target, gamma, topk
+    threshold: stop after a chain token the head gives q < threshold, as DraftModel does: a
+    head forward costs several percent of a target step here, and most are spent past the
+    point where the draft goes wrong."""
+
+    def __init__(self, head: Eagle3Head, target, gamma: int = 4, topk: int = 1, threshold: float = 0.0):
+        self.head, self.target, self.gamma, self.topk, self.threshold = head, target, gamma, topk, threshold
         L = target.args.n_layers
         if L < 3:
             raise ValueError(f"EAGLE-3 reads layers 2, L//2 and L-3: the target has only {L} layers")
@@ -404,17 +408,21 @@ class Eagle3:
             if temperature == 0:
                 top = logits.topk(min(self.topk, len(logits))).indices.tolist()
                 d, q = top[0], None
+                sure = torch.softmax(logits.float(), -1)[d].item() if self.threshold else 1.0
             else:
                 qd = probs(logits, temperature, top_p)
                 d, top = torch.multinomial(qd, 1, generator=gen).item(), []
                 q = torch.zeros(self.target.args.vocab_size, device=dev)
                 q[self.head.draft_ids()] = qd  # over target ids
+                sure = qd[d].item()
             chain = len(tree.tokens)
             for t in [d, *top[1:]]:  # the chain's token first, then the runners-up as leaves
                 tree.tokens.append(t + int(self.head.d2t[t]))
                 tree.parents.append(node)
                 tree.q.append(q if t == d else None)
             node, x = chain, tree.tokens[chain]
+            if sure < self.threshold:
+                break
             if i + 1 < n:
                 p = torch.tensor([len(ctx) - 1 + i], device=dev)
                 mask, _ = llama.causal_mask(1, self.cache.n, dev)

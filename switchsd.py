@@ -302,7 +302,10 @@ def show(tok, res: Result, mode: str) -> str:
 
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
-SPS_THRESHOLD = 0.7  # SPS's early stop, chosen on prompts Table 1 does not use (README)
+# The drafters' early stop (q below it ends a draft), each chosen with `bench.py neural
+# --thresholds` on prompts Table 1 does not use (README).
+SPS_THRESHOLD = 0.7
+EAGLE3_THRESHOLD = 0.0
 
 
 def parse_args(argv=None):
@@ -319,9 +322,9 @@ def parse_args(argv=None):
     ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
     ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
     ap.add_argument("--gamma", type=int, default=4, help="most tokens per neural draft")
-    ap.add_argument("--draft-threshold", type=float, default=SPS_THRESHOLD,
-                    help="SPS: stop a draft after a token the draft model gives less than this "
-                    "probability (0 = always gamma tokens; default: %(default)s)")
+    ap.add_argument("--draft-threshold", type=float,
+                    help="stop a draft after a token the drafter gives less than this probability "
+                    f"(0 = always gamma tokens; default: {SPS_THRESHOLD} for SPS, {EAGLE3_THRESHOLD} for EAGLE-3)")
     ap.add_argument("--topk", type=int, default=2, help="EAGLE-3, greedy: the head's top-k at each "
                     "depth, runners-up verified as leaves beside the chain (1 = a plain chain)")
     ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
@@ -376,7 +379,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if a.gamma < 1 or a.topk < 1 or not 0 <= a.draft_threshold < 1:
+    if a.gamma < 1 or a.topk < 1 or not 0 <= (a.draft_threshold or 0) < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:
@@ -386,9 +389,10 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma, a.draft_threshold)
+        neural = DraftModel(draft, a.gamma, SPS_THRESHOLD if a.draft_threshold is None else a.draft_threshold)
     if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk)
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk,
+                        EAGLE3_THRESHOLD if a.draft_threshold is None else a.draft_threshold)
     return model, tok, copier, neural, probe
 
 

@@ -648,25 +648,28 @@ def neural_drafters(setup):
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
             ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
             ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
-            ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3))]
+            ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3)),
+            ("eagle3-stop", lambda: drafters.Eagle3(head, target, gamma=3, topk=2, threshold=0.5))]
 
 
 def test_neural_drafters_greedy_match_ar(neural_setup):
     target = neural_setup[0]
-    accepted, stopped = 0, 0
+    accepted, stopped = 0, {"sps-stop": 0, "eagle3-stop": 0}
     for prompt in repetitive_prompts(4, seed=7):
         ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
         for name, make in neural_drafters(neural_setup):
-            for method, copier in ((name, None), ("copyspec", CopySpec()), ("copy", CopyDrafter(3, 2, 8))):
-                res = switchsd.generate(target, prompt, method, copier, make(), max_new_tokens=40)
+            for method, copier in ((name.split("-")[0], None), ("copyspec", CopySpec()), ("copy", CopyDrafter(3, 2, 8))):
+                d = make()
+                res = switchsd.generate(target, prompt, method, copier, d, max_new_tokens=40)
                 assert res.output_ids == ref, (name, method)
                 accepted += sum(s.accepted for s in res.steps if s.path == "neural")
-                if name == "sps-stop":  # drafts cut short by the draft's doubt, not by the budget
+                if name in stopped:  # chains cut short by the drafter's doubt, not by the budget
                     done = 0  # tokens emitted before the step
                     for s in res.steps:
-                        stopped += s.path == "neural" and s.drafted < min(4, 39 - done)
+                        chain = s.drafted // getattr(d, "topk", 1)  # EAGLE-3: k tokens per depth
+                        stopped[name] += s.path == "neural" and chain < min(d.gamma, 39 - done)
                         done += s.accepted + 1
-    assert accepted > 100 and stopped > 0
+    assert accepted > 100 and min(stopped.values()) > 0, stopped
 
 
 class RandomCopier(CopyDrafter):
@@ -703,18 +706,24 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
             assert lagging.tokens == rebuilt.tokens, name
 
 
-@pytest.mark.parametrize("gamma,threshold,temperature", [(2, 0.0, 1.0), (3, 0.7, 4.0)])
-def test_sps_sampling_is_lossless(tmp_path, gamma, threshold, temperature):
+@pytest.mark.parametrize("kind,gamma,threshold,temperature",
+                         [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
+def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
-    draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
+    if kind == "sps":
+        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
+        neural = drafters.DraftModel(draft, gamma, threshold)
+    else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
+        head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
+        neural = drafters.Eagle3(head, target, gamma, 1, threshold)
     prompt, T = [1, 2, 3, 4, 5], temperature
     p1 = torch.softmax(full_logits(target, prompt)[-1] / T, 0)
     joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1] / T, 0)[b].item()
              for a in range(8) for b in range(8)}
-    n, counts, cut, sps = 2000, {}, 0, drafters.DraftModel(draft, gamma, threshold)
+    n, counts, cut = 2000, {}, 0
     for seed in range(n):  # three new tokens: the first step drafts up to two, the joint of which we test
-        res = switchsd.generate(target, prompt, "sps", None, sps, max_new_tokens=3, temperature=T, seed=seed)
+        res = switchsd.generate(target, prompt, kind, None, neural, max_new_tokens=3, temperature=T, seed=seed)
         counts[tuple(res.output_ids[:2])] = counts.get(tuple(res.output_ids[:2]), 0) + 1
         cut += res.steps[0].drafted < 2
     draws_match(counts, joint, n)
