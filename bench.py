@@ -103,9 +103,9 @@ class Setup:
         g = gamma or self.gamma
         t = self.threshold if threshold is None else threshold
         if kind == "sps":
-            return DraftModel(self.draft, g, switchsd.SPS_THRESHOLD if t is None else t)
+            return DraftModel(self.draft, g, switchsd.draft_threshold(kind, t))
         if kind == "eagle3":
-            return Eagle3(self.head, self.model, g, topk or self.topk, switchsd.EAGLE3_THRESHOLD if t is None else t)
+            return Eagle3(self.head, self.model, g, topk or self.topk, switchsd.draft_threshold(kind, t))
         return None
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None):

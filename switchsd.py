@@ -308,6 +308,11 @@ SPS_THRESHOLD = 0.7
 EAGLE3_THRESHOLD = 0.0
 
 
+def draft_threshold(kind: str, given: float | None) -> float:
+    """The early stop a drafter ("sps" or "eagle3") uses: the one given, else its default."""
+    return given if given is not None else {"sps": SPS_THRESHOLD, "eagle3": EAGLE3_THRESHOLD}[kind]
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="HF folder or a demo name (default: %(default)s)")
@@ -389,10 +394,10 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma, SPS_THRESHOLD if a.draft_threshold is None else a.draft_threshold)
+        neural = DraftModel(draft, a.gamma, draft_threshold("sps", a.draft_threshold))
     if a.eagle:
         neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk,
-                        EAGLE3_THRESHOLD if a.draft_threshold is None else a.draft_threshold)
+                        draft_threshold("eagle3", a.draft_threshold))
     return model, tok, copier, neural, probe
 
 
