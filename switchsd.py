@@ -306,6 +306,9 @@ METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "swit
 # --thresholds` on prompts Table 1 does not use (README).
 SPS_THRESHOLD = 0.7
 EAGLE3_THRESHOLD = 0.0
+# The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
+# (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
+SPS_VOCAB = 65536
 
 
 def draft_threshold(kind: str, given: float | None) -> float:
@@ -330,6 +333,8 @@ def parse_args(argv=None):
     ap.add_argument("--draft-threshold", type=float,
                     help="stop a draft after a token the drafter gives less than this probability "
                     f"(0 = always gamma tokens; default: {SPS_THRESHOLD} for SPS, {EAGLE3_THRESHOLD} for EAGLE-3)")
+    ap.add_argument("--draft-vocab", type=int, default=SPS_VOCAB,
+                    help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
     ap.add_argument("--topk", type=int, default=2, help="EAGLE-3, greedy: the head's top-k at each "
                     "depth, runners-up verified as leaves beside the chain (1 = a plain chain)")
     ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
@@ -394,7 +399,7 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma, draft_threshold("sps", a.draft_threshold))
+        neural = DraftModel(draft, a.gamma, draft_threshold("sps", a.draft_threshold), a.draft_vocab)
     if a.eagle:
         neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk,
                         draft_threshold("eagle3", a.draft_threshold))

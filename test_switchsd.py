@@ -647,6 +647,7 @@ def neural_drafters(setup):
     target, draft, head = setup
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
             ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
+            ("sps-vocab", lambda: drafters.DraftModel(draft, gamma=4, vocab=8)),  # ids < 8 and the context's
             ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
             ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3)),
             ("eagle3-stop", lambda: drafters.Eagle3(head, target, gamma=3, topk=2, threshold=0.5))]
@@ -670,6 +671,20 @@ def test_neural_drafters_greedy_match_ar(neural_setup):
                         stopped[name] += s.path == "neural" and chain < min(d.gamma, 39 - done)
                         done += s.accepted + 1
     assert accepted > 100 and min(stopped.values()) > 0, stopped
+
+
+def test_draft_vocabulary_restricts_proposals(neural_setup):
+    """vocab=N: drafted tokens come from ids < N and the context only; without it they do not."""
+    draft = neural_setup[1]
+    outside = {0: 0, 4: 0}
+    for vocab in outside:
+        d = drafters.DraftModel(draft, gamma=4, vocab=vocab)
+        for seed, prompt in enumerate(repetitive_prompts(6, seed=3)):
+            prompt = [t for t in prompt if t % 3]  # leave some ids out of the context
+            d.reset(len(prompt) + 8)
+            tree = d.propose(prompt, 4, 20.0, 1.0, torch.Generator().manual_seed(seed))  # near-uniform q
+            outside[vocab] += sum(t >= vocab and t not in prompt for t in tree.tokens[1:])
+    assert outside[4] == 0 and outside[0] > 0, outside
 
 
 class RandomCopier(CopyDrafter):
@@ -707,13 +722,15 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
 
 
 @pytest.mark.parametrize("kind,gamma,threshold,temperature",
-                         [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
+                         [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("sps-vocab", 2, 0.0, 1.0),
+                          ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
 def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
-    if kind == "sps":
+    if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
         draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
-        neural = drafters.DraftModel(draft, gamma, threshold)
+        neural = drafters.DraftModel(draft, gamma, threshold, vocab=2 if kind == "sps-vocab" else 0)
+        kind = "sps"
     else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
         head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
         neural = drafters.Eagle3(head, target, gamma, 1, threshold)
