@@ -5,6 +5,7 @@
     python bench.py table1 [--quick] [--hf] # the paper's Table 1: every method (+ transformers'), three tasks
     python bench.py copy                    # the W sweep of the copy path
     python bench.py neural                  # the gamma sweep of SPS and EAGLE-3, with and without copying
+    python bench.py gate                    # SwitchSD's gate: kappa x tau, beside PLD and SPS
     python bench.py heads                   # EAGLE-3 heads: vocabulary coverage, offline vs live acceptance
     python bench.py analysis                # the paper's section 4.2: accepted lengths by probe state
     python bench.py probe-cost              # the probe's share of a decoding step
@@ -17,8 +18,10 @@ logits, which bf16 batched verification may flip (reported, never hidden). trans
 benchmark-only dependency (requirements-dev.txt).
 """
 import argparse
+import dataclasses
 import gzip
 import json
+import math
 import platform
 import statistics
 import sys
@@ -99,28 +102,32 @@ class Setup:
         path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
-    def neural(self, kind, gamma=None, topk=None, threshold=None):
+    def neural(self, kind, gamma=None, topk=None, threshold=None, vocab=None):
         g = gamma or self.gamma
         t = self.threshold if threshold is None else threshold
         if kind == "sps":
-            return DraftModel(self.draft, g, switchsd.draft_threshold(kind, t))
+            return DraftModel(self.draft, g, switchsd.draft_threshold(kind, t),
+                              switchsd.SPS_VOCAB if vocab is None else vocab)
         if kind == "eagle3":
             return Eagle3(self.head, self.model, g, topk or self.topk, switchsd.draft_threshold(kind, t))
         return None
 
-    def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None):
-        """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"."""
+    def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
+            kappa=None, tau=None, vocab=None):
+        """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"; the keywords
+        override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's)."""
         base, _, fam = method.partition("[")
         fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
-        k = self.probe.kappa if self.probe else 5
+        k = kappa or (self.probe.kappa if self.probe else 5)
+        probe = self.probe if tau is None else dataclasses.replace(self.probe, tau=tau)
         copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
                   "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
                   "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
-        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold)
+        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold, vocab)
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
         return switchsd.generate(self.model, ids, kind, copier, neural,
-                                 self.probe if kind == "switchsd" else None,
+                                 probe if kind == "switchsd" else None,
                                  max_new_tokens=max_new, stop_ids=self.tok.eos_ids)
 
 
@@ -135,8 +142,9 @@ def hf_generate(hf, ids, n, stop_ids, **kw):
 
 
 def agreement(setup, ids, ref, out) -> str:
-    """'same' if out == ref (AR), 'tie' if they part at a near-tie of the target's logits
-    (|logit gap| < 0.25: bf16 batched verification may flip it), else 'DIFF' (a bug)."""
+    """'same' if out == ref (AR), 'tie' if they part at a near-tie of the target's logits, else
+    'DIFF' (a bug). A near-tie: a gap of at most two bf16 steps at the logits' magnitude (0.125
+    per step from 16 to 32), and at least 0.25; bf16 batched verification may flip that much."""
     if out == ref:
         return "same"
     i = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
@@ -147,7 +155,9 @@ def agreement(setup, ids, ref, out) -> str:
     with torch.inference_mode():
         logits = setup.model(torch.tensor(ctx), pos, mask, setup.model.new_cache(len(ctx)),
                              logits_at=slice(-1, None))[0][0]
-    return "tie" if abs(float(logits[ref[i]] - logits[out[i]])) < 0.25 else "DIFF"
+    a, b = float(logits[ref[i]]), float(logits[out[i]])
+    step = 2.0 ** (math.floor(math.log2(max(abs(a), abs(b), 1e-3))) - 7)  # bf16: 8 significant bits
+    return "tie" if abs(a - b) <= max(0.25, 2 * step) else "DIFF"
 
 
 def row_stats(res) -> dict:
@@ -334,8 +344,10 @@ def bench_neural(a):
     in table1). Each series is a drafter, alone or as SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
     ts = a.thresholds or [None]  # None: each drafter's default
+    vs = a.vocabs or [None]  # None: SPS_VOCAB
     q = lambda t: f" q>={t}" if len(ts) > 1 else ""
-    fams = [(f"SPS{q(t)}", "SPS", {"threshold": t}) for t in ts] if a.draft_model else []
+    v = lambda n: f" vocab={n or 'all'}" if len(vs) > 1 else ""
+    fams = [(f"SPS{q(t)}{v(n)}", "SPS", {"threshold": t, "vocab": n}) for t in ts for n in vs] if a.draft_model else []
     if a.eagle:
         fams += [(f"EAGLE3" + (f" top-k={k}" if len(a.topk) > 1 else "") + q(t), "EAGLE3", {"topk": k, "threshold": t})
                  for k in a.topk for t in ts]
@@ -353,6 +365,21 @@ def bench_neural(a):
          f"# gamma sweep of the neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 "
          f"{a.eagle and Path(a.eagle).name})\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
          f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
+
+
+def bench_gate(a):
+    """SwitchSD's gate: kappa (the n-gram that must recur) by tau (the probe's threshold), with
+    the baselines it must beat beside it. The probe file's tau maximises F1, not speed."""
+    s = Setup(a.model, draft=a.draft_model)
+    taus = a.taus or [s.probe.tau]
+    W = lambda w: f" W={w}" if len(a.widths) > 1 else ""
+    sw = [(f"SwitchSD[SPS] kappa={k} tau={t:.2f}{W(w)}", "SwitchSD[SPS]",
+           {"kappa": k, "tau": t, "width": w, "gamma": a.gamma}) for k in a.kappas for t in taus for w in a.widths]
+    res = side_by_side(s, ["PLD", ("SPS gamma=8", "SPS", {"gamma": 8}), *sw], a.tasks, a.prompts, a.tokens)
+    save(res, f"runs/gate_{Path(a.model).name}",
+         f"# SwitchSD's gate: kappa x tau x W, {a.model} (draft {a.draft_model}, gamma {a.gamma})\n\n"
+         f"{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, {a.prompts} prompts per task, {a.tokens} new "
+         f"tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
 
 def bench_heads(a):
@@ -437,7 +464,8 @@ def bench_table1(a):
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
                 f"gamma {s.gamma} (a draft stops after a token the drafter gives q < {switchsd.SPS_THRESHOLD} for SPS, "
-                f"< {switchsd.EAGLE3_THRESHOLD} for EAGLE-3), "
+                f"< {switchsd.EAGLE3_THRESHOLD} for EAGLE-3), SPS draft vocabulary: ids < {switchsd.SPS_VOCAB} and "
+                f"the context's, "
                 f"EAGLE-3 top-k {s.topk}.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
@@ -554,6 +582,7 @@ def bench_passes(a):
     """What one forward costs by the number of new tokens it carries, after a context of
     --context tokens: the economics behind every speculative method on this machine."""
     lines = [f"| model | " + " | ".join(f"T={T}" for T in a.widths) + " |", "|---" * (len(a.widths) + 1) + "|"]
+    vocab = {}  # (model, N) -> ms
     for name in a.models:
         model = llama.Model.from_pretrained(resolve(name), torch.bfloat16)
         ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
@@ -571,10 +600,28 @@ def bench_passes(a):
                     times.append(time.perf_counter() - t)
                     cache.truncate(a.context)
                 ms[T] = 1e3 * statistics.median(times[1:])
+            for N in a.vocabs:  # one SPS draft step (T=1) with the output layer cut to N ids
+                d = DraftModel(model, vocab=N)
+                d.reset(0)
+                d.cache = cache
+                if N:
+                    d._restrict(ids[:a.context].tolist())
+                times = []
+                for _ in range(a.repeats + 1):
+                    t = time.perf_counter()
+                    d._logits([int(ids[a.context])])
+                    times.append(time.perf_counter() - t)
+                    cache.truncate(a.context)
+                vocab[name, N] = 1e3 * statistics.median(times[1:])
         lines.append(f"| {Path(name).name} | " + " | ".join(f"{ms[T]:.0f} ms ({ms[T] / ms[a.widths[0]]:.2f}x)"
                                                           for T in a.widths) + " |")
         log(lines[-1])
         del model
+    if a.vocabs:
+        lines += ["", "| draft step (T=1) | " + " | ".join(f"vocab {N or 'all'}" for N in a.vocabs) + " |",
+                  "|---" * (len(a.vocabs) + 1) + "|"]
+        lines += [f"| {Path(n).name} | " + " | ".join(f"{vocab[n, N]:.0f} ms ({vocab[n, N] / vocab[n, a.vocabs[0]]:.2f}x)"
+                                                     for N in a.vocabs) + " |" for n in a.models]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
     Path("runs").mkdir(exist_ok=True)
@@ -615,6 +662,15 @@ def main():
     p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
+    p.add_argument("--vocabs", type=int, nargs="+", help="SPS draft vocabularies to sweep (0 = all)")
+    common(p, 2, 128)
+    p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--kappas", type=int, nargs="+", default=[3, 4, 5])
+    p.add_argument("--taus", type=float, nargs="+", help="default: the probe file's tau")
+    p.add_argument("--widths", type=int, nargs="+", default=[4], help="W: candidates per copy step")
     common(p, 2, 128)
     p = sub.add_parser("heads", help="EAGLE-3 heads: draft-vocabulary coverage, offline vs live acceptance")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -656,6 +712,8 @@ def main():
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 5, 9, 21, 41, 81])
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--vocabs", type=int, nargs="*", default=[],
+                   help="also time one draft step with the output layer cut to N ids (0 = all)")
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)
@@ -664,7 +722,7 @@ def main():
         if task not in TASKS or not Path(path).is_file():
             ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(TASKS)} and an existing file")
         TASK_FILES[task] = path
-    {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "heads": bench_heads,
+    {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost, "passes": bench_passes}[a.cmd](a)
     if DIFFS:
