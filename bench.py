@@ -222,7 +222,7 @@ def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "
                                "agreement")) -> str:
     names = {"tps": "tok/s", "speedup": "speedup", "mean_accepted": "tokens/forward",
              "copy_rate": "copy steps", "copy_run": "copy run", "copy_tax": "zero-accept copies",
-             "agreement": "= AR (bf16)"}
+             "agreement": "= AR"}
     lines = []
     for task, rows in results.items():
         lines += [f"\n**{TASKS.get(task, task)}**\n", "| method | " + " | ".join(names[c] for c in cols) + " |",
@@ -460,7 +460,7 @@ def bench_table1(a):
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf)
         name = Path(model).name
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
-        head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; bf16, "
+        head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {a.dtype}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
                 f"gamma {s.gamma} (a draft stops after a token the drafter gives q < {switchsd.SPS_THRESHOLD} for SPS, "

@@ -225,7 +225,7 @@ class DraftModel:
             return
         self.keep[new] = True
         self.ids = self.keep.nonzero()[:, 0].to(self.model.device)  # (V',) sorted target ids
-        self.head = llama.Linear(self.model.args.dim, len(self.ids), bias=False)
+        self.head = llama.Linear(self.model.args.dim, len(self.ids), bias=False, device="meta")  # no init
         self.head.weight = nn.Parameter(self.model.lm_head.weight[self.ids], requires_grad=False)
 
     def _logits(self, feed):
