@@ -264,7 +264,7 @@ class DraftModel:
                 q = probs(logits, temperature, top_p)
                 x = torch.multinomial(q, 1, generator=gen).item()
                 sure = q[x].item()
-            if self.ids is not None:  # back to target ids; q over the whole vocabulary
+            if self.head is not None:  # back to target ids; q over the whole vocabulary
                 x = int(self.ids[x])
                 if q is not None:
                     q = torch.zeros(self.model.args.vocab_size, device=q.device).index_copy_(0, self.ids, q)
