@@ -250,13 +250,17 @@ def hf_model(name):
     return transformers.AutoModelForCausalLM.from_pretrained(resolve(name), dtype=torch.bfloat16).eval()
 
 
-def save(results, out, header):
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    md = f"{header}\n{table(results)}\n"
-    Path(f"{out}.md").write_text(md)  # not with_suffix: "qwen2.5-coder-1.5b" has a dot
-    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
+def write_md(path, md: str):
+    """Write a markdown report (its folder made if need be) and print it."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(md)
     print(md)
+
+
+def save(results, out, header):
+    Path(f"{out}.json").parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
+    write_md(f"{out}.md", f"{header}\n{table(results)}\n")  # not with_suffix: "qwen2.5-coder-1.5b" has a dot
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,9 +293,7 @@ def bench_ar(a):
     lines += [f"| {n} | {o:.2f} | {h:.2f} | {r:.2f} | {i} |" for n, o, h, r, i in rows]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, "
                  f"{a.prompts} HumanEval prompts, bf16, greedy. Command: python bench.py ar")
-    Path("runs").mkdir(exist_ok=True)
-    Path("runs/bench_ar.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_md("runs/bench_ar.md", "\n".join(lines) + "\n")
 
 
 def bench_parity(a):
@@ -324,9 +326,7 @@ def bench_parity(a):
         log(lines[-1])
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, {a.prompts} HumanEval "
                  f"prompts. Command: python bench.py parity")
-    Path("runs").mkdir(exist_ok=True)
-    Path("runs/bench_parity.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_md("runs/bench_parity.md", "\n".join(lines) + "\n")
 
 
 def bench_copy(a):
@@ -423,10 +423,7 @@ def bench_heads(a):
     md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.dtype}, greedy, "
           f"{a.prompts} prompts per task, {a.tokens} new tokens, gamma {a.gamma}.\n"
           f"Command: python bench.py {' '.join(sys.argv[1:])}\n\n" + "\n".join(lines) + "\n")
-    out = Path(a.out or "runs") / f"heads_{Path(a.model).name}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md)
-    print(md)
+    write_md(Path(a.out or "runs") / f"heads_{Path(a.model).name}.md", md)
 
 
 def table1_methods(draft, eagle, probe) -> list:
@@ -622,9 +619,7 @@ def bench_passes(a):
                                                      for N in a.vocabs) + " |" for n in a.models]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
-    Path("runs").mkdir(exist_ok=True)
-    Path("runs/bench_passes.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 
 
 def main():

@@ -681,7 +681,7 @@ def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
     Half are windows of CPython standard-library sources (as a fenced Python answer), half
     of the Python docs and /usr/share licenses (prose). A target forward over a window
     costs ~20x less than generating it, so this buys the head far more data for the same
-    CPU; the self-distilled completions stay the main (and the validation) data."""
+    CPU. Every 10th window is validation, for a head trained on text alone."""
     rng = random.Random(seed)
     files = sorted(p for p in STDLIB.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(STDLIB).parts[:-1]))
     rng.shuffle(files)
@@ -694,7 +694,8 @@ def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
         for text in docs:
             ids = tok.encode(text, special=False)
             for a in range(0, len(ids) - length // 2, length):  # whole windows, and a last half one
-                out.append({"id": f"text-{kind}-{len(out):04d}", "kind": f"text-{kind}", "split": "train",
+                out.append({"id": f"text-{kind}-{len(out):04d}", "kind": f"text-{kind}",
+                            "split": "val" if len(out) % 10 == 9 else "train",
                             "prompt_ids": prompt, "output_ids": ids[a:a + length]})
                 if kind == "code" or len(out) == quota:
                     break  # one window per source file: many files, not a few long ones
@@ -704,7 +705,10 @@ def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
 
 
 def draft_vocabulary(completions, n: int) -> list[int]:
-    """The n most frequent tokens of the completions (EAGLE-3's draft vocabulary), sorted."""
+    """The n most frequent tokens of the completions (EAGLE-3's draft vocabulary), sorted.
+    Ties, and the tokens the completions never use, go in id order: a byte-level BPE numbers
+    its tokens by merge order, i.e. by its own corpus's frequency, so a vocabulary larger
+    than the data's fills up with the tokens other domains need most."""
     counts = np.bincount(np.concatenate([c["output_ids"] for c in completions]))
     return sorted(np.argsort(-counts, kind="stable")[:n].tolist())
 

@@ -637,7 +637,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train-eagle3", help="self-distillation on the target's own completions")
     p.add_argument("--model", required=True, help="target: HF folder or demo name")
-    p.add_argument("--completions", required=True, help="data.py completions (JSON lines)")
+    p.add_argument("--completions", help="data.py completions (JSON lines); with --text, optional")
     p.add_argument("--work", required=True, help="folder for the extracted features")
     p.add_argument("--out", required=True, help="head folder to write (official layout)")
     p.add_argument("--draft-vocab", type=int, default=8192)
@@ -653,7 +653,9 @@ def main(argv=None):
     import data
     from fetch import resolve
     target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
-    comps = data.read_jsonl(a.completions)
+    if not (a.completions or a.text):
+        ap.error("train-eagle3 needs --completions, --text N or both")
+    comps = data.read_jsonl(a.completions) if a.completions else []
     if a.text:
         comps += data.reference_text(llama.Tokenizer(resolve(a.model)), a.text)
     init = Eagle3Head.load(a.init, target) if a.init else None

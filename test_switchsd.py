@@ -974,14 +974,15 @@ def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
 
 def test_reference_text_for_heads(tiny):
     tok = llama.Tokenizer(tiny[1])
-    rows = data.reference_text(tok, n=6, length=64)
-    assert [r["kind"] for r in rows] == ["text-code"] * 3 + ["text-prose"] * 3
-    assert len({r["id"] for r in rows}) == 6 and all(r["split"] == "train" for r in rows)
+    rows = data.reference_text(tok, n=20, length=64)
+    assert [r["kind"] for r in rows] == ["text-code"] * 10 + ["text-prose"] * 10
+    assert len({r["id"] for r in rows}) == 20
+    assert [i for i, r in enumerate(rows) if r["split"] == "val"] == [9, 19]  # a head can train on text alone
     assert all(32 <= len(r["output_ids"]) <= 64 for r in rows)
     # An assistant turn of the chat format, so the target's features are those it decodes with.
     assert rows[0]["prompt_ids"] == tok.prompt_ids("Show me a piece of Python's standard library.")
     assert tok.decode(rows[0]["output_ids"]).startswith("```python\n")
-    assert rows == data.reference_text(tok, n=6, length=64)  # deterministic: features resume
+    assert rows == data.reference_text(tok, n=20, length=64)  # deterministic: features resume
 
 
 def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
@@ -1005,6 +1006,8 @@ def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
     second = drafters.Eagle3Head.load(tmp_path / "h2", target)
     assert torch.equal(first.d2t, second.d2t)
     assert torch.equal(first.fc.weight, second.fc.weight)
+    with pytest.raises(SystemExit):  # neither completions nor reference text: nothing to train on
+        drafters.main(["train-eagle3", "--model", str(src), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h4")])
     with pytest.raises(ValueError, match="MLP width"):
         drafters.main(args[:-2] + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h3"),
                                    "--init", str(tmp_path / "h1")])
