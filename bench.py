@@ -258,9 +258,8 @@ def write_md(path, md: str):
 
 
 def save(results, out, header):
-    Path(f"{out}.json").parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
     write_md(f"{out}.md", f"{header}\n{table(results)}\n")  # not with_suffix: "qwen2.5-coder-1.5b" has a dot
+    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
 
 
 # ---------------------------------------------------------------------------------------

@@ -234,7 +234,7 @@ class DraftModel:
         mask, pos = llama.causal_mask(len(feed), self.cache.n, dev)
         ids = torch.tensor(feed, device=dev)
         if self.head is None:
-            return self.model(ids, pos, mask, self.cache, logits_at=slice(-1, None))[0][0]
+            return self.model(ids, pos, mask, self.cache, logits_at=slice(-1, None))[0][0].float()
         _, hidden = self.model(ids, pos, mask, self.cache, (self.last,), logits_at=slice(0, 0))
         return self.head(self.model.model.norm(hidden[self.last][-1:]))[0].float()  # (V',)
 
@@ -652,9 +652,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import data
     from fetch import resolve
-    target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
-    if not (a.completions or a.text):
+    if not (a.completions or a.text):  # before loading the target: fail in a second, not a minute
         ap.error("train-eagle3 needs --completions, --text N or both")
+    target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
     comps = data.read_jsonl(a.completions) if a.completions else []
     if a.text:
         comps += data.reference_text(llama.Tokenizer(resolve(a.model)), a.text)
