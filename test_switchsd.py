@@ -860,6 +860,31 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path):
         (p, l) for p in ("attn", "mlp") for l in range(model.args.n_layers)}
 
 
+def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
+    model, folder = tiny
+    prompts = [list(range(30, 45)), [7, 8, 9], list(range(100, 140)), [5] * 500]
+    stop = (switchsd.generate(model, prompts[1], max_new_tokens=20).output_ids[6],)  # one prompt stops early
+    outs = data.batched_greedy(model, prompts, 20, stop)
+    for ids, out in zip(prompts, outs):
+        assert out == switchsd.generate(model, ids, max_new_tokens=20, stop_ids=stop).output_ids
+    assert len(outs[1]) == 7 and len(outs[3]) == 12  # the stop token, and the 512-token context
+    with pytest.raises(ValueError, match="prompt 1 is 600 tokens"):
+        data.batched_greedy(model, [[5], [5] * 600], 4)
+    # the completions command batches too, and Spec-Bench rows read as their first turn
+    bench = tmp_path / "sb.jsonl"
+    bench.write_text("".join(json.dumps({"question_id": q, "category": "qa", "turns": [f"q {q} abc", "more"]}) + "\n"
+                             for q in range(10)))
+    rows = data.read_prompts(bench)
+    assert rows[0] == {"id": "sb-0", "kind": "qa", "prompt": "q 0 abc", "split": "train"}
+    assert [r["split"] for r in rows].count("val") == 1
+    tok = llama.Tokenizer(folder)
+    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=8, batch=4)
+    comps = data.read_jsonl(tmp_path / "c.jsonl")
+    assert [c["id"] for c in comps] == [r["id"] for r in rows]
+    one = switchsd.generate(model, tok.prompt_ids("q 9 abc"), max_new_tokens=8, stop_ids=tok.eos_ids)
+    assert comps[9]["output_ids"] == one.output_ids
+
+
 # ---------------------------------------------------------------------------------------
 # SwitchSD: the gate, BanditSpec, end to end
 # ---------------------------------------------------------------------------------------
