@@ -222,7 +222,7 @@ def cmd_train(a):
     model = llama.Model.from_pretrained(folder, torch.bfloat16)
     tok = llama.Tokenizer(folder)
     prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
-    data.generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens)
+    data.generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens, a.batch)
     t1 = time.time()
     done = {r["id"]: r for r in data.read_jsonl(work / "completions.jsonl")}
     data.extract_features(model, [done[p["id"]] for p in prompts], work / "features", a.kappa)
@@ -377,6 +377,7 @@ def main(argv=None):
     p.add_argument("--val", type=int, default=120)
     p.add_argument("--test", type=int, default=120)
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--batch", type=int, default=1, help="completions decoded together (data.batched_greedy)")
     p.add_argument("--kappa", type=int, default=5)
     p.add_argument("--l2", type=float, default=1e-4)
     p = sub.add_parser("eval", help="completions of new prompts, labelled, scored by a probe")
