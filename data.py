@@ -575,7 +575,8 @@ def batched_greedy(model, prompts, max_new_tokens, stop_ids=()) -> list[list[int
     share it packed end to end: a token attends only to its own prompt's slots, and each
     decode pass carries one new token per unfinished prompt. That pass reads the weights
     once for all of them, and reading the weights is what a batch-1 CPU step waits on
-    (`bench.py passes`: 21 tokens cost 1.34x one). Each completion ends with its stop token.
+    (`bench.py passes`: 21 tokens cost 1.34x one). A completion ends at max_new_tokens or
+    with a stop token, which it keeps (as switchsd.generate does).
     """
     import torch
     limit = model.args.max_seq_len
