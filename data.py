@@ -743,7 +743,7 @@ def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
     Half are windows of CPython standard-library sources (as a fenced Python answer), half
     of the Python docs and /usr/share licenses (prose). A target forward over a window
     costs ~20x less than generating it, so this buys the head far more data for the same
-    CPU. Every 10th window is validation, for a head trained on text alone."""
+    CPU. Every 10th window is held out for validation."""
     rng = random.Random(seed)
     files = sorted(p for p in STDLIB.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(STDLIB).parts[:-1]))
     rng.shuffle(files)

@@ -648,7 +648,7 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--init", help="a head folder to continue training (its draft vocabulary is kept)")
     p.add_argument("--text", type=int, default=0,
-                   help="add N windows of reference text (stdlib code, Python docs) to the training split")
+                   help="add N windows of reference text (stdlib code, Python docs); every 10th is validation")
     a = ap.parse_args(argv)
     import data
     from fetch import resolve
