@@ -539,6 +539,8 @@ def generate_completions(model, tok, prompts, out_path, max_new_tokens=160, batc
     import time
     import switchsd
     from drafters import CopyDrafter
+    if batch < 1:
+        raise ValueError(f"--batch must be at least 1, not {batch}")
     out_path = Path(out_path)
     done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
     todo = [p for p in prompts if p["id"] not in done]

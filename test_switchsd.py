@@ -870,6 +870,8 @@ def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
     assert len(outs[1]) == 7 and len(outs[3]) == 12  # the stop token, and the 512-token context
     with pytest.raises(ValueError, match="prompt 1 is 600 tokens"):
         data.batched_greedy(model, [[5], [5] * 600], 4)
+    with pytest.raises(ValueError, match="--batch must be at least 1"):
+        data.generate_completions(model, llama.Tokenizer(folder), [], tmp_path / "x.jsonl", batch=0)
     # the completions command batches too, and Spec-Bench rows read as their first turn
     bench = tmp_path / "sb.jsonl"
     bench.write_text("".join(json.dumps({"question_id": q, "category": "qa", "turns": [f"q {q} abc", "more"]}) + "\n"
