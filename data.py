@@ -588,7 +588,7 @@ def batched_greedy(model, prompts, max_new_tokens, stop_ids=()) -> list[list[int
     budget = [min(max_new_tokens, limit - len(ids)) for ids in prompts]
     cache = model.new_cache(sum(len(ids) for ids in prompts) + sum(budget))
     owner = torch.empty(0, dtype=torch.long)  # which prompt each cache slot belongs to
-    nxt, lens, outs = [], [len(ids) for ids in prompts], [[] for _ in prompts]
+    nxt, outs = [], [[] for _ in prompts]  # nxt[i]: the token prompt i feeds next
     with torch.inference_mode():
         for i, ids in enumerate(prompts):  # prefill: causal within the prompt, blind to the others
             T = len(ids)
@@ -608,12 +608,11 @@ def batched_greedy(model, prompts, max_new_tokens, stop_ids=()) -> list[list[int
             rows = torch.tensor(live)
             # row r sees its prompt's slots and itself: (len(live), cache.n + len(live))
             mask = torch.cat([owner[None, :] == rows[:, None], torch.eye(len(live), dtype=torch.bool)], 1)
+            pos = [len(prompts[i]) + len(outs[i]) - 1 for i in live]  # nxt[i] is outs[i][-1]
             logits, _ = model(torch.tensor([nxt[i] for i in live], device=model.device),
-                              torch.tensor([lens[i] for i in live], device=model.device),
-                              mask.to(model.device), cache)
+                              torch.tensor(pos, device=model.device), mask.to(model.device), cache)
             owner = torch.cat([owner, rows])
             for r, i in enumerate(live):
-                lens[i] += 1
                 nxt[i] = int(logits[r].argmax())
 
 
