@@ -1060,7 +1060,7 @@ def test_bench_quick_smoke_run(tmp_path):
     res = json.loads((tmp_path / "out" / "table1_t_quick.json").read_text())
     assert set(res) == {"humaneval", "math500"}
     assert list(res["humaneval"]) == ["AR", "PLD", "CopySpec[SPS]", "copy", "SPS", "SPS gamma=8", "EAGLE3", "BanditSpec[SPS]",
-                                      "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]"]
+                                      "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]", "SwitchSD[SPS] gamma=8"]
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "heads", "--model", str(src), "--eagle", str(eagle),
