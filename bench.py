@@ -178,6 +178,9 @@ def aggregate(rows: list[dict]) -> dict:
             "speedup": statistics.median(r["speedup"] for r in rows),
             "mean_accepted": sum(r["tokens"] for r in rows) / f if f else None,  # None: transformers' rows
             "copy_rate": c / f if f else None,
+            # per output token too: a method that needs fewer forwards has a higher copy share
+            # for the same number of copy attempts
+            "copy_per_100": 100 * c / t if (t := sum(r["tokens"] for r in rows)) and f else None,
             "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
             "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
@@ -218,10 +221,11 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None) -> dict:
     return results
 
 
-def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "copy_run", "copy_tax",
-                               "agreement")) -> str:
+def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "copy_per_100", "copy_run",
+                               "copy_tax", "agreement")) -> str:
     names = {"tps": "tok/s", "speedup": "speedup", "mean_accepted": "tokens/forward",
-             "copy_rate": "copy steps", "copy_run": "copy run", "copy_tax": "zero-accept copies",
+             "copy_rate": "copy steps", "copy_per_100": "copies per 100 tokens", "copy_run": "copy run",
+             "copy_tax": "zero-accept copies",
              "agreement": "= AR"}
     lines = []
     for task, rows in results.items():

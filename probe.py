@@ -11,6 +11,7 @@ time the probe is one dot product on a hidden state the target computed anyway.
 
     python probe.py train --model DIR --out probes/NAME.safetensors      # whole pipeline
     python probe.py eval  --model DIR --probe FILE --prompts FILE.jsonl [--json]
+    python probe.py errors --work runs/probe-NAME --probe FILE                # where it errs
 """
 import argparse
 import json
@@ -128,6 +129,50 @@ def best_threshold(s, y):
     f1 = np.where(last, 2 * tp / (tp + fp + y.sum()), -1)
     i = int(np.argmax(f1))
     return float(s_sorted[i]), float(f1[i])
+
+
+def places(y, starts) -> np.ndarray:
+    """Where each token sits relative to the runs of Y = 1 in its completion (starts: the
+    first row of each completion). Y = 1: its index in the run (0 = the run's first token);
+    Y = 0: minus the tokens since the last run ended, or 0 when no run came before."""
+    y, p = np.asarray(y).astype(bool), np.zeros(len(y), dtype=np.int64)
+    first = np.zeros(len(y), dtype=bool)
+    first[np.asarray(starts, dtype=np.int64)] = True
+    for j in range(len(y)):
+        prev = None if first[j] else j - 1
+        if y[j]:
+            p[j] = p[prev] + 1 if prev is not None and y[prev] else 0
+        elif prev is not None:
+            p[j] = -1 if y[prev] else (p[prev] - 1 if p[prev] < 0 else 0)
+    return p
+
+
+PLACES = [  # (name, Y, test on the place)
+    ("copy: a run's 1st token", 1, lambda p: p == 0), ("copy: 2nd", 1, lambda p: p == 1),
+    ("copy: 3rd-5th", 1, lambda p: (p >= 2) & (p <= 4)), ("copy: 6th on", 1, lambda p: p >= 5),
+    ("no copy: 1-4 tokens after a run", 0, lambda p: (p <= -1) & (p >= -4)),
+    ("no copy: 5+ after a run", 0, lambda p: p <= -5), ("no copy: no run before", 0, lambda p: p == 0)]
+
+
+def error_places(s, y, tau, starts) -> list[dict]:
+    """Where the probe's errors fall: an error near a run's edges is the label's verbatim
+    cut-off (a copy with an edit, a run's first token), not a missed copy."""
+    s, y = np.asarray(s), np.asarray(y).astype(bool)
+    p, wrong = places(y, starts), (np.asarray(s) >= tau) != y
+    out = []
+    for name, label, test in PLACES:
+        m = (y == bool(label)) & test(p)
+        out.append({"place": name, "tokens": int(m.sum()), "errors": int(wrong[m].sum()),
+                    "mean_score": float(s[m].mean()) if m.any() else float("nan")})
+    return out
+
+
+def print_places(rows):
+    n = sum(r["errors"] for r in rows)
+    print(f"{'where':34s} {'tokens':>7s} {'errors':>7s} {'rate':>6s} {'share':>6s} {'mean p':>7s}")
+    for r in rows:
+        print(f"{r['place']:34s} {r['tokens']:7d} {r['errors']:7d} {r['errors'] / max(1, r['tokens']):6.3f} "
+              f"{r['errors'] / max(1, n):6.3f} {r['mean_score']:7.3f}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,6 +376,27 @@ def cmd_ablation(a):
     print("\n".join(lines))
 
 
+def cmd_errors(a):
+    """The probe's errors on a split of stored features (the train command's folder), by
+    place relative to the copy runs."""
+    import data
+    probe = Probe.load(a.probe)
+    folder = Path(a.work) / "features"
+    info = json.loads((folder / "index.json").read_text())
+    if (info["dim"] != probe.w.numel() or info["n_layers"] <= probe.layer
+            or probe.meta.get("fingerprint", info["fingerprint"]) != info["fingerprint"]):
+        raise ValueError(f"{a.probe}: made for another model than the features in {folder}")
+    labels, off = np.load(folder / "labels.npy"), info["offsets"]
+    spans = [(off[i], off[i + 1]) for i, sp in enumerate(info["splits"]) if sp == a.split]
+    rows = np.concatenate([np.arange(b, e) for b, e in spans])
+    starts = np.cumsum([0] + [e - b for b, e in spans[:-1]])
+    X = torch.from_numpy(np.asarray(data.open_features(folder, probe.position)[probe.layer][rows], dtype=np.float32))
+    s, y = layer_scores(X, probe.w), labels[rows]
+    print(f"{a.probe} on the {a.split} split of {folder}: {len(y)} tokens, {int(y.sum())} copy; "
+          f"F1 {prf(s, y, probe.tau)['f1']:.3f} AUC {roc_auc(s, y):.4f}")
+    print_places(error_places(s, y, probe.tau, starts))
+
+
 def teacher_forced_scores(model, probe, ids):
     """Probe scores at every position of ids, from one forward pass."""
     mask, pos = llama.causal_mask(len(ids), 0, model.device)
@@ -363,6 +429,7 @@ def cmd_eval(a):
         print(json.dumps(out))
     else:
         print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in out.items()))
+        print_places(error_places(s, y, probe.tau, np.cumsum([0] + [len(v) for v in y_all[:-1]])))
 
 
 def main(argv=None):
@@ -386,13 +453,17 @@ def main(argv=None):
     p.add_argument("--prompts", required=True, help="JSON lines with a 'prompt' key")
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("errors", help="where a probe errs on stored features, relative to the copy runs")
+    p.add_argument("--work", required=True, help="the train command's folder (runs/probe-NAME)")
+    p.add_argument("--probe", required=True)
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
     p = sub.add_parser("ablation", help="section 4.3: training data and representation ablations")
     p.add_argument("--model", required=True)
     p.add_argument("--work", help="the train command's folder (default runs/probe-NAME)")
     p.add_argument("--sequences", type=int, default=200, help="sequences per ablation source")
     p.add_argument("--l2", type=float, default=1e-4)
     a = ap.parse_args(argv)
-    {"train": cmd_train, "eval": cmd_eval, "ablation": cmd_ablation}[a.cmd](a)
+    {"train": cmd_train, "eval": cmd_eval, "errors": cmd_errors, "ablation": cmd_ablation}[a.cmd](a)
 
 
 if __name__ == "__main__":

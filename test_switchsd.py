@@ -793,6 +793,13 @@ def test_metrics_and_selection_on_hand_made_tables():
                          {"position": "attn", "layer": 1, "val_f1": 0.8},
                          {"position": "mlp", "layer": 2, "val_f1": 0.9}]}
     assert probe_mod.select(report)["layer"] == 1 and probe_mod.select(report, "mlp")["layer"] == 2
+    # places: index in a copy run, or minus the distance after one; a new completion restarts
+    y = np.array([0, 1, 1, 1, 0, 0, 1, 0, 0])
+    assert probe_mod.places(y, [0, 7]).tolist() == [0, 0, 1, 2, -1, -2, 0, 0, 0]
+    rows = probe_mod.error_places(np.array([.9, .2, .9, .9, .9, .1, .9, .1, .8]), y, 0.5, [0, 7])
+    got = {r["place"]: (r["tokens"], r["errors"]) for r in rows}
+    assert got["copy: a run's 1st token"] == (2, 1) and got["copy: 2nd"] == (1, 0)
+    assert got["no copy: 1-4 tokens after a run"] == (2, 1) and got["no copy: no run before"] == (3, 2)
 
 
 def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
@@ -836,7 +843,7 @@ def test_probe_scores_align_with_output_ids(copier_model):
     np.testing.assert_allclose(res.probe_scores[:-1], ref, rtol=1e-4, atol=1e-5)
 
 
-def test_feature_pipeline_end_to_end(tiny, tmp_path):
+def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
     model, folder = tiny
     tok = llama.Tokenizer(folder)
     rows = [{"id": f"k-{i}", "kind": "k", "split": sp, "prompt": f"say {i} twice: abc {i} abc {i}"}
@@ -845,8 +852,8 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path):
     data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)  # resumes: no-op
     comps = data.read_jsonl(tmp_path / "c.jsonl")
     assert [c["id"] for c in comps] == [r["id"] for r in rows]
-    data.extract_features(model, comps, tmp_path / "f", kappa=2)
-    attn = data.open_features(tmp_path / "f", "attn")
+    data.extract_features(model, comps, tmp_path / "features", kappa=2)
+    attn = data.open_features(tmp_path / "features", "attn")
     n = sum(len(c["output_ids"]) for c in comps)
     assert attn.shape == (model.args.n_layers, n, model.args.dim)
     c = comps[3]  # the features are the hidden states at the completion tokens
@@ -855,9 +862,17 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path):
     _, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)), [("attn", 2)])
     a = sum(len(x["output_ids"]) for x in comps[:3])
     np.testing.assert_allclose(attn[2, a:a + len(ids) - P], hid["attn", 2][P:].numpy(), rtol=1e-2, atol=1e-2)
-    report, weights = probe_mod.train_layers(tmp_path / "f", log=lambda *_: None)
+    report, weights = probe_mod.train_layers(tmp_path / "features", log=lambda *_: None)
     assert len(report["layers"]) == 2 * model.args.n_layers and set(weights) == {
         (p, l) for p in ("attn", "mlp") for l in range(model.args.n_layers)}
+    best = probe_mod.select(report)  # the errors command reads the same stored features
+    probe_mod.Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], 2,
+                    probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "p.safetensors")])
+    assert f"F1 {best['test_f1']:.3f}" in capsys.readouterr().out
+    probe_mod.Probe(torch.zeros(64), 0, "attn", 0.5, 2, {"fingerprint": "0" * 16}).save(tmp_path / "q.safetensors")
+    with pytest.raises(ValueError, match="made for another model"):
+        probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "q.safetensors")])
 
 
 def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
@@ -1062,6 +1077,9 @@ def test_bench_quick_smoke_run(tmp_path):
     assert list(res["humaneval"]) == ["AR", "PLD", "CopySpec[SPS]", "copy", "SPS", "SPS gamma=8", "EAGLE3", "BanditSpec[SPS]",
                                       "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]", "SwitchSD[SPS] gamma=8"]
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
+    for row in (r for task in res.values() for r in task.values() if r["copy_rate"] is not None):
+        assert row["copy_per_100"] == pytest.approx(100 * row["copy_rate"] / row["mean_accepted"])
+    assert res["humaneval"]["SPS"]["copy_per_100"] == 0 and res["humaneval"]["PLD"]["copy_per_100"] > 0
     assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "heads", "--model", str(src), "--eagle", str(eagle),
                         "--tasks", "humaneval", "--data", f"humaneval={tmp_path / 'he.jsonl'}", "--tokens", "16",
