@@ -155,8 +155,9 @@ PLACES = [  # (name, Y, test on the place)
 
 
 def error_places(s, y, tau, starts) -> list[dict]:
-    """Where the probe's errors fall: an error near a run's edges is the label's verbatim
-    cut-off (a copy with an edit, a run's first token), not a missed copy."""
+    """Where the probe's errors fall. Errors at a run's edges point at the label's verbatim
+    cut-off (an edit inside a copy ends a run; a run's first token has no match behind it
+    yet) rather than at a missed copy."""
     s, y = np.asarray(s), np.asarray(y).astype(bool)
     p, wrong = places(y, starts), (np.asarray(s) >= tau) != y
     out = []
