@@ -174,13 +174,14 @@ def aggregate(rows: list[dict]) -> dict:
     accepted length, copy activation and copy run pooled over all steps."""
     f = sum(r["forwards"] for r in rows)
     c = sum(r["copy_steps"] for r in rows)
+    t = sum(r["tokens"] for r in rows)
     return {"tps": statistics.median(r["tps"] for r in rows),
             "speedup": statistics.median(r["speedup"] for r in rows),
-            "mean_accepted": sum(r["tokens"] for r in rows) / f if f else None,  # None: transformers' rows
+            "mean_accepted": t / f if f else None,  # None: transformers' rows
             "copy_rate": c / f if f else None,
             # per output token too: a method that needs fewer forwards has a higher copy share
             # for the same number of copy attempts
-            "copy_per_100": 100 * c / t if (t := sum(r["tokens"] for r in rows)) and f else None,
+            "copy_per_100": 100 * c / t if t and f else None,
             "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
             "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
