@@ -139,11 +139,12 @@ def places(y, starts) -> np.ndarray:
     first = np.zeros(len(y), dtype=bool)
     first[np.asarray(starts, dtype=np.int64)] = True
     for j in range(len(y)):
-        prev = None if first[j] else j - 1
+        if first[j]:
+            continue  # a completion starts afresh: 0 either way
         if y[j]:
-            p[j] = p[prev] + 1 if prev is not None and y[prev] else 0
-        elif prev is not None:
-            p[j] = -1 if y[prev] else (p[prev] - 1 if p[prev] < 0 else 0)
+            p[j] = p[j - 1] + 1 if y[j - 1] else 0
+        else:
+            p[j] = -1 if y[j - 1] else (p[j - 1] - 1 if p[j - 1] < 0 else 0)
     return p
 
 
@@ -159,7 +160,7 @@ def error_places(s, y, tau, starts) -> list[dict]:
     cut-off (an edit inside a copy ends a run; a run's first token has no match behind it
     yet) rather than at a missed copy."""
     s, y = np.asarray(s), np.asarray(y).astype(bool)
-    p, wrong = places(y, starts), (np.asarray(s) >= tau) != y
+    p, wrong = places(y, starts), (s >= tau) != y
     out = []
     for name, label, test in PLACES:
         m = (y == bool(label)) & test(p)
@@ -206,6 +207,15 @@ def layer_scores(X, w):
     return torch.sigmoid(X @ w).numpy()
 
 
+def split_rows(info: dict, split: str):
+    """The rows of one split in a features folder (index.json's info), and where each of its
+    completions starts among those rows."""
+    off = info["offsets"]
+    spans = [(off[i], off[i + 1]) for i, sp in enumerate(info["splits"]) if sp == split]
+    rows = np.concatenate([np.arange(a, b) for a, b in spans] or [np.zeros(0, dtype=np.int64)])
+    return rows, np.cumsum([0] + [b - a for a, b in spans[:-1]])
+
+
 def train_layers(folder, positions=("attn", "mlp"), l2=1e-4, log=print) -> dict:
     """Fit one probe per (position, layer) on the train split of a data.extract_features
     folder; evaluate on val (choosing tau) and test. Returns the report and the weights."""
@@ -215,10 +225,7 @@ def train_layers(folder, positions=("attn", "mlp"), l2=1e-4, log=print) -> dict:
     if info["done"] != len(info["ids"]):
         raise ValueError(f"{folder}: features are incomplete ({info['done']}/{len(info['ids'])})")
     labels = np.load(folder / "labels.npy")
-    split = np.empty(len(labels), dtype=object)
-    for i, sp in enumerate(info["splits"]):
-        split[info["offsets"][i]:info["offsets"][i + 1]] = sp
-    rows = {sp: np.flatnonzero(split == sp) for sp in ("train", "val", "test")}
+    rows = {sp: split_rows(info, sp)[0] for sp in ("train", "val", "test")}
     report, weights = {"tokens": {sp: int(len(r)) for sp, r in rows.items()},
                        "positives": {sp: int(labels[r].sum()) for sp, r in rows.items()},
                        "layers": []}, {}
@@ -340,8 +347,7 @@ def cmd_ablation(a):
     main = work / "features"
     info = json.loads((main / "index.json").read_text())
     labels = np.load(main / "labels.npy")
-    test = np.concatenate([np.arange(info["offsets"][i], info["offsets"][i + 1])
-                           for i, sp in enumerate(info["splits"]) if sp == "test"])
+    test, _ = split_rows(info, "test")
     comps = data.read_jsonl(work / "completions.jsonl")
     vocab = data.draft_vocabulary(comps, 4096)  # random tokens, drawn from ones the model uses
     sources = {"ConstructedCopy": data.constructed_copy(vocab, a.sequences, seed=1),
@@ -387,10 +393,8 @@ def cmd_errors(a):
     if (info["dim"] != probe.w.numel() or info["n_layers"] <= probe.layer
             or probe.meta.get("fingerprint", info["fingerprint"]) != info["fingerprint"]):
         raise ValueError(f"{a.probe}: made for another model than the features in {folder}")
-    labels, off = np.load(folder / "labels.npy"), info["offsets"]
-    spans = [(off[i], off[i + 1]) for i, sp in enumerate(info["splits"]) if sp == a.split]
-    rows = np.concatenate([np.arange(b, e) for b, e in spans])
-    starts = np.cumsum([0] + [e - b for b, e in spans[:-1]])
+    labels = np.load(folder / "labels.npy")
+    rows, starts = split_rows(info, a.split)
     X = torch.from_numpy(np.asarray(data.open_features(folder, probe.position)[probe.layer][rows], dtype=np.float32))
     s, y = layer_scores(X, probe.w), labels[rows]
     print(f"{a.probe} on the {a.split} split of {folder}: {len(y)} tokens, {int(y.sum())} copy; "
