@@ -12,7 +12,9 @@
     python bench.py passes                  # ms per forward by tokens carried: the economics of verifying
 
 Timings on a shared CPU are noisy, so every comparison is made in one run with the methods
-interleaved per prompt, and reported as the median over prompts of per-prompt ratios to AR.
+interleaved per prompt, and reported as the median over prompts of per-prompt ratios to AR;
+with `--repeats R` the interleaved round runs R times per prompt and each method keeps its
+fastest round.
 Greedy outputs are checked against AR: identical, or diverging at a near-tie of the target's
 logits, which bf16 batched verification may flip (reported, never hidden). transformers is a
 benchmark-only dependency (requirements-dev.txt).
@@ -236,7 +238,7 @@ def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "
     names = {"tps": "tok/s", "speedup": "speedup", "mean_accepted": "tokens/forward",
              "copy_rate": "copy steps", "copy_per_100": "copies per 100 tokens", "copy_run": "copy run",
              "copy_tax": "zero-accept copies",
-             "agreement": "= AR"}
+             "agreement": "= AR or near-tie"}
     lines = []
     for task, rows in results.items():
         lines += [f"\n**{TASKS.get(task, task)}**\n", "| method | " + " | ".join(names[c] for c in cols) + " |",
@@ -251,6 +253,8 @@ def table(results: dict, cols=("tps", "speedup", "mean_accepted", "copy_rate", "
                     cells.append(f"{100 * v:.1f}%")
                 elif c == "speedup":
                     cells.append(f"{v:.2f}x")
+                elif c == "agreement" and r["ties"]:  # the same tokens, or parted at a bf16 near-tie
+                    cells.append(f"{v} ({r['ties']} near-tie{'s' * (r['ties'] > 1)})")
                 elif isinstance(v, float):
                     cells.append(f"{v:.2f}")
                 else:
