@@ -216,7 +216,8 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
                              "copy_steps": 0, "copy_accepted": 0, "copy_zero": 0}
                     else:
                         out, r = res.output_ids, row_stats(res)
-                    ref = ref or out  # AR runs first
+                    if ref is None:  # AR runs first: every output is checked against its first round
+                        ref = out
                     r["agree"] = agreement(setup, ids, ref, out)
                     if r["agree"] == "DIFF":  # reported at the end, after the results are saved
                         DIFFS.append(f"{m} on {task} prompt {pi}: output differs from AR beyond a near-tie")
