@@ -186,7 +186,9 @@ def aggregate(rows: list[dict]) -> dict:
             "copy_per_100": 100 * c / t if t and f else None,
             "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
             "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
-            "speedups": [round(r["speedup"], 3) for r in rows],  # per prompt, for the reader's own statistics
+            # per prompt, for the reader's own statistics: the speedup, and tokens/s in each round
+            "speedups": [round(r["speedup"], 3) for r in rows],
+            "round_tps": [r["rounds"] for r in rows],
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
             "ties": sum(r["agree"] == "tie" for r in rows)}
 
@@ -206,7 +208,7 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
         per = {m: [] for m, _ in runs}
         for pi, text in enumerate(task_prompts(task, n)):
             ids = setup.tok.prompt_ids(text)
-            ref, best = None, {}
+            ref, best, rounds = None, {}, {m: [] for m, _ in runs}
             for rep in range(repeats):
                 for m, fn in runs:
                     res = fn(ids)
@@ -221,6 +223,7 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
                     r["agree"] = agreement(setup, ids, ref, out)
                     if r["agree"] == "DIFF":  # reported at the end, after the results are saved
                         DIFFS.append(f"{m} on {task} prompt {pi}: output differs from AR beyond a near-tie")
+                    rounds[m].append(round(r["tps"], 3))
                     if m not in best or r["tps"] > best[m]["tps"]:
                         best[m] = r
                     steps = f", {r['tokens'] / r['forwards']:.2f} tok/forward, copy {r['copy_steps']}/{r['forwards']}" \
@@ -228,7 +231,7 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
                     log(f"{task} #{pi}{f' round {rep + 1}' if repeats > 1 else ''} {m}: {r['tps']:.2f} tok/s"
                         f" ({r['tps'] / best['AR']['tps']:.2f}x){steps}")
             for m, r in best.items():
-                r["speedup"] = r["tps"] / best["AR"]["tps"]
+                r["speedup"], r["rounds"] = r["tps"] / best["AR"]["tps"], rounds[m]
                 per[m].append(r)
         results[task] = {m: aggregate(rows) for m, rows in per.items()}
     return results

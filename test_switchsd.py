@@ -1073,6 +1073,7 @@ def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     rows = res["humaneval"]
     assert (rows["AR"]["tps"], rows["PLD"]["tps"], rows["HF-PLD"]["tps"]) == (2.0, 4.0, 4 / 1.5)
     assert rows["PLD"]["speedups"] == [2.0] and rows["HF-PLD"]["speedup"] == pytest.approx(4 / 3)
+    assert rows["AR"]["round_tps"] == [[1.0, 2.0]] and rows["PLD"]["round_tps"] == [[4.0, 2.0]]
     assert all(not v for v in seconds.values())  # every method ran in both rounds
 
 
