@@ -171,6 +171,16 @@ def row_stats(res) -> dict:
             "copy_zero": sum(x.accepted == 0 for x in copy)}
 
 
+def row_of(res) -> tuple[list, dict]:
+    """(output ids, row) of one run: ours (a switchsd.Result) or transformers' (ids, seconds),
+    which has no step statistics."""
+    if isinstance(res, tuple):
+        out, sec = res
+        return out, {"tps": len(out) / sec, "tokens": len(out), "seconds": sec, "forwards": 0,
+                     "copy_steps": 0, "copy_accepted": 0, "copy_zero": 0}
+    return res.output_ids, row_stats(res)
+
+
 def aggregate(rows: list[dict]) -> dict:
     """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
     accepted length, copy activation and copy run pooled over all steps."""
@@ -211,13 +221,7 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
             ref, best, rounds = None, {}, {m: [] for m, _ in runs}
             for rep in range(repeats):
                 for m, fn in runs:
-                    res = fn(ids)
-                    if isinstance(res, tuple):  # transformers: (ids, seconds), no step statistics
-                        out, sec = res
-                        r = {"tps": len(out) / sec, "tokens": len(out), "seconds": sec, "forwards": 0,
-                             "copy_steps": 0, "copy_accepted": 0, "copy_zero": 0}
-                    else:
-                        out, r = res.output_ids, row_stats(res)
+                    out, r = row_of(fn(ids))
                     if ref is None:  # AR runs first: every output is checked against its first round
                         ref = out
                     r["agree"] = agreement(setup, ids, ref, out)
@@ -488,7 +492,8 @@ def bench_table1(a):
                 f"gamma {s.gamma} (a draft stops after a token the drafter gives q < {switchsd.SPS_THRESHOLD} for SPS, "
                 f"< {switchsd.EAGLE3_THRESHOLD} for EAGLE-3), SPS draft vocabulary: ids < {switchsd.SPS_VOCAB} and "
                 f"the context's, "
-                f"EAGLE-3 top-k {s.topk}; each method's fastest of {a.repeats} interleaved round(s) per prompt.\nCommand: python bench.py table1 {' '.join(sys.argv[2:])}")
+                f"EAGLE-3 top-k {s.topk}; each method's fastest of {a.repeats} interleaved round(s) per prompt.\n"
+                f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
         import figures
