@@ -91,7 +91,7 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=2,
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=None,
                  dtype="bfloat16", threshold=None):
         self.name = model_name
         folder = resolve(model_name)
@@ -105,14 +105,15 @@ class Setup:
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
     def neural(self, kind, gamma=None, topk=None, threshold=None, vocab=None):
+        """A fresh drafter; options not given are the Setup's, else the drafter's defaults."""
+        if kind is None:
+            return None
         g = gamma or self.gamma
-        t = self.threshold if threshold is None else threshold
+        t = switchsd.drafter_option(kind, "threshold", self.threshold if threshold is None else threshold)
+        k = switchsd.drafter_option(kind, "topk", topk or self.topk)
         if kind == "sps":
-            return DraftModel(self.draft, g, switchsd.draft_threshold(kind, t),
-                              switchsd.SPS_VOCAB if vocab is None else vocab)
-        if kind == "eagle3":
-            return Eagle3(self.head, self.model, g, topk or self.topk, switchsd.draft_threshold(kind, t))
-        return None
+            return DraftModel(self.draft, g, t, switchsd.SPS_VOCAB if vocab is None else vocab, k)
+        return Eagle3(self.head, self.model, g, k, t)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
             kappa=None, tau=None, vocab=None):
@@ -366,17 +367,19 @@ def bench_copy(a):
 
 
 def bench_neural(a):
-    """The gamma sweep of SPS and EAGLE-3, and EAGLE-3's top-k (the drafters themselves are
-    in table1). Each series is a drafter, alone or as SwitchSD's neural path."""
+    """The gamma sweep of SPS and EAGLE-3, with their early stop, top-k and SPS's draft
+    vocabulary (the drafters themselves are in table1). Each series is a drafter, alone or as
+    SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
-    ts = a.thresholds or [None]  # None: each drafter's default
+    ts, ks = a.thresholds or [None], a.topk or [None]  # None: each drafter's default
     vs = a.vocabs or [None]  # None: SPS_VOCAB
     q = lambda t: f" q>={t}" if len(ts) > 1 else ""
+    top = lambda k: f" top-k={k}" if len(ks) > 1 else ""
     v = lambda n: f" vocab={n or 'all'}" if len(vs) > 1 else ""
-    fams = [(f"SPS{q(t)}{v(n)}", "SPS", {"threshold": t, "vocab": n}) for t in ts for n in vs] if a.draft_model else []
+    fams = [(f"SPS{q(t)}{top(k)}{v(n)}", "SPS", {"threshold": t, "topk": k, "vocab": n})
+            for t in ts for k in ks for n in vs] if a.draft_model else []
     if a.eagle:
-        fams += [(f"EAGLE3" + (f" top-k={k}" if len(a.topk) > 1 else "") + q(t), "EAGLE3", {"topk": k, "threshold": t})
-                 for k in a.topk for t in ts]
+        fams += [(f"EAGLE3{top(k)}{q(t)}", "EAGLE3", {"topk": k, "threshold": t}) for k in ks for t in ts]
     if s.probe:  # the neural path with copy separated out
         fams += [(f"SwitchSD[{label}]", f"SwitchSD[{m}]", kw) for label, m, kw in fams]
     res = side_by_side(s, [(f"{f} gamma={g}", m, {**kw, "gamma": g}) for f, m, kw in fams for g in a.gammas],
@@ -485,14 +488,15 @@ def bench_table1(a):
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
         name = Path(model).name
+        opts = lambda kind: (f"early stop q < {switchsd.drafter_option(kind, 'threshold', None)}, top-k "
+                             f"{switchsd.drafter_option(kind, 'topk', s.topk)}")
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {a.dtype}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma} (a draft stops after a token the drafter gives q < {switchsd.SPS_THRESHOLD} for SPS, "
-                f"< {switchsd.EAGLE3_THRESHOLD} for EAGLE-3), SPS draft vocabulary: ids < {switchsd.SPS_VOCAB} and "
-                f"the context's, "
-                f"EAGLE-3 top-k {s.topk}; each method's fastest of {a.repeats} interleaved round(s) per prompt.\n"
+                f"gamma {s.gamma}; SPS: {opts('sps')}, draft vocabulary ids < {switchsd.SPS_VOCAB} and the "
+                f"context's; EAGLE-3: {opts('eagle3')}; each method's fastest of {a.repeats} interleaved "
+                f"round(s) per prompt.\n"
                 f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
@@ -684,7 +688,8 @@ def main():
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
-    p.add_argument("--topk", type=int, nargs="+", default=[2], help="EAGLE-3's top-k per depth (greedy)")
+    p.add_argument("--topk", type=int, nargs="+", help="the drafters' top-k per depth to sweep (greedy; "
+                   "default: each drafter's own)")
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
     p.add_argument("--vocabs", type=int, nargs="+", help="SPS draft vocabularies to sweep (0 = all)")
@@ -713,7 +718,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
-    p.add_argument("--topk", type=int, default=2, help="EAGLE-3's top-k per depth (greedy)")
+    p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
     common(p, 8, 128)
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")

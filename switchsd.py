@@ -302,18 +302,18 @@ def show(tok, res: Result, mode: str) -> str:
 
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
-# The drafters' early stop (q below it ends a draft), each chosen with `bench.py neural
-# --thresholds` on prompts Table 1 does not use (README).
-SPS_THRESHOLD = 0.7
-EAGLE3_THRESHOLD = 0.0
+# The neural drafters' defaults, each chosen with `bench.py neural` on prompts Table 1 does
+# not use (README): "threshold", the early stop (a token with q below it ends a draft), and
+# "topk" (greedy), the drafter's choices per depth, runners-up verified as leaves.
+DRAFTER = {"sps": {"threshold": 0.7, "topk": 1}, "eagle3": {"threshold": 0.0, "topk": 2}}
 # The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
 # (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
 SPS_VOCAB = 65536
 
 
-def draft_threshold(kind: str, given: float | None) -> float:
-    """The early stop a drafter ("sps" or "eagle3") uses: the one given, else its default."""
-    return given if given is not None else {"sps": SPS_THRESHOLD, "eagle3": EAGLE3_THRESHOLD}[kind]
+def drafter_option(kind: str, name: str, given):
+    """A drafter's ("sps" or "eagle3") option `name`: the value given, else its default."""
+    return given if given is not None else DRAFTER[kind][name]
 
 
 def parse_args(argv=None):
@@ -332,11 +332,13 @@ def parse_args(argv=None):
     ap.add_argument("--gamma", type=int, default=4, help="most tokens per neural draft")
     ap.add_argument("--draft-threshold", type=float,
                     help="stop a draft after a token the drafter gives less than this probability "
-                    f"(0 = always gamma tokens; default: {SPS_THRESHOLD} for SPS, {EAGLE3_THRESHOLD} for EAGLE-3)")
+                    f"(0 = always gamma tokens; default: {DRAFTER['sps']['threshold']} for SPS, "
+                    f"{DRAFTER['eagle3']['threshold']} for EAGLE-3)")
     ap.add_argument("--draft-vocab", type=int, default=SPS_VOCAB,
                     help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
-    ap.add_argument("--topk", type=int, default=2, help="EAGLE-3, greedy: the head's top-k at each "
-                    "depth, runners-up verified as leaves beside the chain (1 = a plain chain)")
+    ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
+                    "verified as leaves beside the chain (1 = a plain chain; default: "
+                    f"{DRAFTER['sps']['topk']} for SPS, {DRAFTER['eagle3']['topk']} for EAGLE-3)")
     ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -389,7 +391,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if a.gamma < 1 or a.topk < 1 or not 0 <= (a.draft_threshold or 0) < 1:
+    if a.gamma < 1 or (a.topk or 1) < 1 or not 0 <= (a.draft_threshold or 0) < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:
@@ -399,10 +401,12 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma, draft_threshold("sps", a.draft_threshold), a.draft_vocab)
+        neural = DraftModel(draft, a.gamma, drafter_option("sps", "threshold", a.draft_threshold),
+                            a.draft_vocab, drafter_option("sps", "topk", a.topk))
     if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma, a.topk,
-                        draft_threshold("eagle3", a.draft_threshold))
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma,
+                        drafter_option("eagle3", "topk", a.topk),
+                        drafter_option("eagle3", "threshold", a.draft_threshold))
     return model, tok, copier, neural, probe
 
 

@@ -648,6 +648,7 @@ def neural_drafters(setup):
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
             ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
             ("sps-vocab", lambda: drafters.DraftModel(draft, gamma=4, vocab=8)),  # ids < 8 and the context's
+            ("sps-top3", lambda: drafters.DraftModel(draft, gamma=4, vocab=8, topk=3)),  # leaves, cut head
             ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
             ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3)),
             ("eagle3-stop", lambda: drafters.Eagle3(head, target, gamma=3, topk=2, threshold=0.5))]
@@ -729,7 +730,8 @@ def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperatu
     target = llama.Model.from_pretrained(src, torch.float32)
     if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
         draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
-        neural = drafters.DraftModel(draft, gamma, threshold, vocab=2 if kind == "sps-vocab" else 0)
+        neural = drafters.DraftModel(draft, gamma, threshold, vocab=2 if kind == "sps-vocab" else 0,
+                                     topk=2)  # a greedy-only option: sampling must ignore it
         kind = "sps"
     else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
         head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
