@@ -12,6 +12,7 @@ time the probe is one dot product on a hidden state the target computed anyway.
     python probe.py train --model DIR --out probes/NAME.safetensors      # whole pipeline
     python probe.py eval  --model DIR --probe FILE --prompts FILE.jsonl [--json]
     python probe.py errors --work runs/probe-NAME --probe FILE                # where it errs
+    python probe.py alignment --work runs/probe-NAME --layer L     # H_j against Y_(j-1..j+1)
 """
 import argparse
 import json
@@ -402,6 +403,27 @@ def cmd_errors(a):
     print_places(error_places(s, y, probe.tau, starts))
 
 
+def cmd_alignment(a):
+    """Which token's state reads copy intent best: a probe on row j (the state where token j
+    is the input) fit to Y_(j+s) for s = -1, 0, +1; s = 0 is what the decode loop reads. The
+    train split's own AUC bounds what a linear read-out of that layer separates."""
+    import data
+    folder = Path(a.work) / "features"
+    info = json.loads((folder / "index.json").read_text())
+    labels, off = np.load(folder / "labels.npy"), info["offsets"]
+    X = torch.from_numpy(np.asarray(data.open_features(folder, a.position)[a.layer], dtype=np.float32))
+    for s in (-1, 0, 1):
+        rows = {sp: np.concatenate([np.arange(off[i] + max(0, -s), off[i + 1] - max(0, s))
+                                    for i, x in enumerate(info["splits"]) if x == sp])
+                for sp in ("train", "val", "test")}
+        y = {sp: labels[r + s] for sp, r in rows.items()}
+        w = fit(X[rows["train"]], torch.from_numpy(y["train"]), a.l2)
+        sc = {sp: layer_scores(X[r], w) for sp, r in rows.items()}
+        tau, _ = best_threshold(sc["val"], y["val"])
+        print(f"{a.position} layer {a.layer}, row j -> Y_(j{s:+d}): tau {tau:.2f} | " + " | ".join(
+            f"{sp} F1 {prf(sc[sp], y[sp], tau)['f1']:.3f} AUC {roc_auc(sc[sp], y[sp]):.4f}" for sp in rows))
+
+
 def teacher_forced_scores(model, probe, ids):
     """Probe scores at every position of ids, from one forward pass."""
     mask, pos = llama.causal_mask(len(ids), 0, model.device)
@@ -467,8 +489,14 @@ def main(argv=None):
     p.add_argument("--work", help="the train command's folder (default runs/probe-NAME)")
     p.add_argument("--sequences", type=int, default=200, help="sequences per ablation source")
     p.add_argument("--l2", type=float, default=1e-4)
+    p = sub.add_parser("alignment", help="which token's state to pair with Y_j, on stored features")
+    p.add_argument("--work", required=True, help="the train command's folder (runs/probe-NAME)")
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--position", default="attn", choices=("attn", "mlp"))
+    p.add_argument("--l2", type=float, default=1e-4)
     a = ap.parse_args(argv)
-    {"train": cmd_train, "eval": cmd_eval, "errors": cmd_errors, "ablation": cmd_ablation}[a.cmd](a)
+    {"train": cmd_train, "eval": cmd_eval, "errors": cmd_errors, "ablation": cmd_ablation,
+     "alignment": cmd_alignment}[a.cmd](a)
 
 
 if __name__ == "__main__":

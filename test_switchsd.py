@@ -872,6 +872,10 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
                     probe_mod.identity(model)).save(tmp_path / "p.safetensors")
     probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "p.safetensors")])
     assert f"F1 {best['test_f1']:.3f}" in capsys.readouterr().out
+    probe_mod.main(["alignment", "--work", str(tmp_path), "--layer", str(best["layer"])])
+    lines = capsys.readouterr().out.splitlines()  # the unshifted pairing is the trainer's own probe
+    assert len(lines) == 3 and f"Y_(j+0): tau {best['tau']:.2f}" in lines[1], lines
+    assert f"test F1 {best['test_f1']:.3f} AUC {best['test_auc']:.4f}" in lines[1], lines
     probe_mod.Probe(torch.zeros(64), 0, "attn", 0.5, 2, {"fingerprint": "0" * 16}).save(tmp_path / "q.safetensors")
     with pytest.raises(ValueError, match="made for another model"):
         probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "q.safetensors")])
