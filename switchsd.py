@@ -391,7 +391,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if a.gamma < 1 or (a.topk or 1) < 1 or not 0 <= (a.draft_threshold or 0) < 1:
+    if a.gamma < 1 or (a.topk is not None and a.topk < 1) or not 0 <= (a.draft_threshold or 0) < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:

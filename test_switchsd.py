@@ -370,6 +370,7 @@ def test_cli_end_to_end(tiny):
 @pytest.mark.parametrize("args,msg", [
     (["--model", "/nonexistent/dir"], "/nonexistent/dir: no such model folder"),
     (["--prompt-file", "/nonexistent.txt"], "/nonexistent.txt: No such file"),
+    (["--topk", "0"], "need --gamma >= 1, --topk >= 1"),
 ])
 def test_cli_errors(tiny, args, msg):
     _, folder = tiny
