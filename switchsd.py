@@ -304,8 +304,9 @@ def show(tok, res: Result, mode: str) -> str:
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
 # The neural drafters' defaults, each chosen with `bench.py neural` on prompts Table 1 does
 # not use (README): "threshold", the early stop (a token with q below it ends a draft), and
-# "topk" (greedy), the drafter's choices per depth, runners-up verified as leaves.
-DRAFTER = {"sps": {"threshold": 0.7, "topk": 1}, "eagle3": {"threshold": 0.0, "topk": 2}}
+# "topk" (greedy), the drafter's choices per depth, runners-up verified as leaves (topk 1 =
+# the papers' plain chain).
+DRAFTER = {"sps": {"threshold": 0.7, "topk": 2}, "eagle3": {"threshold": 0.0, "topk": 2}}
 # The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
 # (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
 SPS_VOCAB = 65536
