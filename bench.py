@@ -92,19 +92,27 @@ class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
     def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=None,
-                 dtype="bfloat16", threshold=None):
+                 dtype="bfloat16", threshold=None, quant=switchsd.SPS_QUANT):
         self.name = model_name
         folder = resolve(model_name)
-        dtype = getattr(torch, dtype)
-        self.model = llama.Model.from_pretrained(folder, dtype)
+        self.dtype = getattr(torch, dtype)
+        self.model = llama.Model.from_pretrained(folder, self.dtype)
         self.tok = llama.Tokenizer(folder)
         self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
-        self.draft = llama.Model.from_pretrained(resolve(draft), dtype) if draft else None
+        self.draft_folder, self.quant, self.drafts = draft and resolve(draft), quant, {}
         self.head = Eagle3Head.load(eagle, self.model) if eagle else None
         path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
-    def neural(self, kind, gamma=None, topk=None, threshold=None, vocab=None):
+    def draft(self, quant=None) -> llama.Model:
+        """The SPS draft model with its weights as `quant` ("int8" or "none"; None: the Setup's),
+        loaded on first use."""
+        quant = quant or self.quant
+        if quant not in self.drafts:
+            self.drafts[quant] = llama.Model.from_pretrained(self.draft_folder, self.dtype, int8=quant == "int8")
+        return self.drafts[quant]
+
+    def neural(self, kind, gamma=None, topk=None, threshold=None, vocab=None, quant=None):
         """A fresh drafter; options not given are the Setup's, else the drafter's defaults."""
         if kind is None:
             return None
@@ -112,11 +120,11 @@ class Setup:
         t = switchsd.drafter_option(kind, "threshold", self.threshold if threshold is None else threshold)
         k = switchsd.drafter_option(kind, "topk", topk or self.topk)
         if kind == "sps":
-            return DraftModel(self.draft, g, t, switchsd.SPS_VOCAB if vocab is None else vocab, k)
+            return DraftModel(self.draft(quant), g, t, switchsd.SPS_VOCAB if vocab is None else vocab, k)
         return Eagle3(self.head, self.model, g, k, t)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
-            kappa=None, tau=None, vocab=None):
+            kappa=None, tau=None, vocab=None, quant=None):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"; the keywords
         override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's)."""
         base, _, fam = method.partition("[")
@@ -126,7 +134,7 @@ class Setup:
         copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
                   "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
                   "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
-        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold, vocab)
+        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold, vocab, quant)
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
         return switchsd.generate(self.model, ids, kind, copier, neural,
@@ -372,12 +380,13 @@ def bench_neural(a):
     SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
     ts, ks = a.thresholds or [None], a.topk or [None]  # None: each drafter's default
-    vs = a.vocabs or [None]  # None: SPS_VOCAB
+    vs, ws = a.vocabs or [None], a.quants or [None]  # None: SPS_VOCAB, SPS_QUANT
     q = lambda t: f" q>={t}" if len(ts) > 1 else ""
     top = lambda k: f" top-k={k}" if len(ks) > 1 else ""
     v = lambda n: f" vocab={n or 'all'}" if len(vs) > 1 else ""
-    fams = [(f"SPS{q(t)}{top(k)}{v(n)}", "SPS", {"threshold": t, "topk": k, "vocab": n})
-            for t in ts for k in ks for n in vs] if a.draft_model else []
+    w = lambda x: f" weights={x}" if len(ws) > 1 else ""
+    fams = [(f"SPS{q(t)}{top(k)}{v(n)}{w(x)}", "SPS", {"threshold": t, "topk": k, "vocab": n, "quant": x})
+            for t in ts for k in ks for n in vs for x in ws] if a.draft_model else []
     if a.eagle:
         fams += [(f"EAGLE3{top(k)}{q(t)}", "EAGLE3", {"topk": k, "threshold": t}) for k in ks for t in ts]
     if s.probe:  # the neural path with copy separated out
@@ -471,13 +480,13 @@ def table1_methods(draft, eagle, probe) -> list:
 def bench_table1(a):
     if a.model:
         configs = [(a.model, a.draft_model, a.eagle)]
-    else:
-        configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b")),
-                   ("smollm2-135m", None, str(HERE / "models" / "eagle3-smollm2-135m"))]
+    else:  # the demo heads where they have been trained (README, "Training an EAGLE-3 head")
+        heads = [HERE / "models" / f"eagle3-{m}" for m in ("qwen2.5-coder-1.5b", "smollm2-135m")]
+        heads = [str(h) if h.is_dir() else None for h in heads]
+        configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", heads[0]), ("smollm2-135m", None, heads[1])]
     n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
     for model, draft, eagle in configs:
-        eagle = eagle if eagle and Path(eagle).is_dir() else None
-        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype)
+        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype, quant=a.draft_quant)
         methods = table1_methods(draft, eagle, s.probe)
         hf = {}
         if a.hf:
@@ -494,8 +503,8 @@ def bench_table1(a):
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {a.dtype}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma}; SPS: {opts('sps')}, draft vocabulary ids < {switchsd.SPS_VOCAB} and the "
-                f"context's; EAGLE-3: {opts('eagle3')}; each method's fastest of {a.repeats} interleaved "
+                f"gamma {s.gamma}; SPS: {opts('sps')}, draft weights {s.quant}, draft vocabulary ids < "
+                f"{switchsd.SPS_VOCAB} and the context's; EAGLE-3: {opts('eagle3')}; each method's fastest of {a.repeats} interleaved "
                 f"round(s) per prompt.\n"
                 f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
@@ -521,7 +530,7 @@ def bench_analysis(a):
             out = s.run("AR", ids, a.tokens).output_ids
             full = ids + out
             scores = teacher_forced_scores(s.model, probe, full)
-            copier, sps = CopyDrafter(probe.kappa, s.width, D), DraftModel(s.draft, a.gamma)
+            copier, sps = CopyDrafter(probe.kappa, s.width, D), DraftModel(s.draft(), a.gamma)
             sps.reset(len(full) + D)
             for i in range(len(ids), len(full) - 1):
                 ctx, truth = full[:i + 1], full[i + 1:]
@@ -614,8 +623,10 @@ def bench_passes(a):
     --context tokens: the economics behind every speculative method on this machine."""
     lines = [f"| model | " + " | ".join(f"T={T}" for T in a.widths) + " |", "|---" * (len(a.widths) + 1) + "|"]
     vocab = {}  # (model, N) -> ms
-    for name in a.models:
-        model = llama.Model.from_pretrained(resolve(name), torch.bfloat16)
+    for name, quant in [(n, q) for n in a.models for q in a.quants]:
+        model = llama.Model.from_pretrained(resolve(name), torch.bfloat16, int8=quant == "int8")
+        if len(a.quants) > 1:
+            name = f"{name} {quant}"
         ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
         cache = model.new_cache(len(ids))
         with torch.inference_mode():
@@ -650,7 +661,7 @@ def bench_passes(a):
         lines += ["", "| draft step (T=1) | " + " | ".join(f"vocab {N or 'all'}" for N in a.vocabs) + " |",
                   "|---" * (len(a.vocabs) + 1) + "|"]
         lines += [f"| {Path(n).name} | " + " | ".join(f"{vocab[n, N]:.0f} ms ({vocab[n, N] / vocab[n, a.vocabs[0]]:.2f}x)"
-                                                     for N in a.vocabs) + " |" for n in a.models]
+                                                     for N in a.vocabs) + " |" for n in dict.fromkeys(n for n, _ in vocab)]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
@@ -693,6 +704,7 @@ def main():
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
     p.add_argument("--vocabs", type=int, nargs="+", help="SPS draft vocabularies to sweep (0 = all)")
+    p.add_argument("--quants", nargs="+", choices=["int8", "none"], help="SPS draft weights to sweep")
     common(p, 2, 128)
     p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -719,6 +731,8 @@ def main():
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
+    p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=["int8", "none"],
+                   help="the SPS draft's weights (default: %(default)s)")
     common(p, 8, 128)
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -744,6 +758,8 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--vocabs", type=int, nargs="*", default=[],
                    help="also time one draft step with the output layer cut to N ids (0 = all)")
+    p.add_argument("--quants", nargs="+", default=["none"], choices=["none", "int8"],
+                   help="the weights to time each model with (int8: llama.Int8Linear)")
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)

@@ -240,8 +240,7 @@ class DraftModel:
             return
         self.keep[new] = True
         self.ids = self.keep.nonzero()[:, 0].to(self.model.device)  # (V',) sorted target ids
-        self.head = llama.Linear(self.model.args.dim, len(self.ids), bias=False, device="meta")  # no init
-        self.head.weight = nn.Parameter(self.model.lm_head.weight[self.ids], requires_grad=False)
+        self.head = self.model.lm_head.rows(self.ids)
 
     def _logits(self, feed):
         """The draft's logits for the token after feed, over the subset if there is one."""

@@ -310,6 +310,9 @@ DRAFTER = {"sps": {"threshold": 0.7, "topk": 2}, "eagle3": {"threshold": 0.0, "t
 # The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
 # (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
 SPS_VOCAB = 65536
+# The SPS draft's weights: int8 halves a draft forward's bytes (llama.Int8Linear); `bench.py
+# neural --quants` (README, "The draft's weights").
+SPS_QUANT = "int8"
 
 
 def drafter_option(kind: str, name: str, given):
@@ -337,6 +340,8 @@ def parse_args(argv=None):
                     f"{DRAFTER['eagle3']['threshold']} for EAGLE-3)")
     ap.add_argument("--draft-vocab", type=int, default=SPS_VOCAB,
                     help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
+    ap.add_argument("--draft-quant", default=SPS_QUANT, choices=["int8", "none"],
+                    help="SPS: the draft model's weights, int8 or as --dtype (default: %(default)s)")
     ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
                     "verified as leaves beside the chain (1 = a plain chain; default: "
                     f"{DRAFTER['sps']['topk']} for SPS, {DRAFTER['eagle3']['topk']} for EAGLE-3)")
@@ -397,7 +402,7 @@ def build(a):
     neural = None
     if a.draft_model:
         dfolder = resolve(a.draft_model)
-        draft = llama.Model.from_pretrained(dfolder, dtype, a.device)
+        draft = llama.Model.from_pretrained(dfolder, dtype, a.device, int8=a.draft_quant == "int8")
         check_same_vocab(tok, llama.Tokenizer(dfolder), model.args.vocab_size, str(dfolder))
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "

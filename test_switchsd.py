@@ -197,7 +197,10 @@ def test_incremental_decoding_equals_full_forward(tiny):
         mask, pos = llama.causal_mask(T, start)
         parts.append(model(torch.tensor(ids[start:start + T]), pos, mask, cache)[0])
         start += T
-    torch.testing.assert_close(torch.cat(parts), full, rtol=1e-4, atol=1e-4)
+    # The random model's residual stream reaches ~200, and one row (torch.mv) and a chunk
+    # (torch.mm) sum in different orders: float32 rounding reaches ~1e-4 in the logits (seen
+    # on an AMD EPYC host). Masking or cache slots gone wrong would move them by ~1.
+    torch.testing.assert_close(torch.cat(parts), full, rtol=1e-4, atol=1e-3)
 
 
 def test_block_triangular_pass_equals_separate_passes(tiny):
@@ -221,6 +224,35 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
         torch.testing.assert_close(logits[node:node + len(c)], alone, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(logits[0], full_logits(model, prefix)[-1], rtol=1e-4, atol=1e-4)
         node += len(c)
+
+
+def test_int8_weights(tiny, tmp_path):
+    """Int8Linear computes x @ (s * Q).T, keeps each row within half a step (s / 2) of W, and
+    its rows() cut is those rows; a quantized model is the model with every Linear's weight
+    replaced by s * Q (biases and the embedding as they were)."""
+    model, folder = tiny
+    lin = model.model.layers[0].mlp.gate_proj
+    q = llama.Int8Linear.quantize(lin)
+    assert q.weight.dtype == torch.int8 and q.scales.shape == (lin.out_features,)
+    w = q.weight.float() * q.scales[:, None]
+    assert ((w - lin.weight).abs() <= q.scales[:, None] / 2 + 1e-7).all()
+    x = torch.randn(5, lin.in_features)
+    torch.testing.assert_close(q(x), x @ w.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q(x[:1]), x[:1] @ w.T, rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([3, 0, 7])
+    torch.testing.assert_close(q.rows(ids)(x), q(x)[:, ids])
+    torch.testing.assert_close(lin.rows(ids)(x), lin(x)[:, ids])
+    m8 = llama.Model.from_pretrained(folder, torch.float32, int8=True)
+    assert m8.dtype == torch.float32 and not any(isinstance(m, llama.Linear) for m in m8.modules())
+    deq = llama.Model.from_pretrained(folder, torch.float32)
+    for m in deq.modules():
+        if isinstance(m, llama.Linear):  # a new Parameter: a tied embedding keeps its own
+            q = llama.Int8Linear.quantize(m)
+            m.weight = torch.nn.Parameter(q.weight.float() * q.scales[:, None], requires_grad=False)
+    ids = torch.randint(0, 200, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    got, ref = full_logits(m8, ids), full_logits(deq, ids)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-3)
+    assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
 
 
 def test_kv_compaction_equals_recomputation(tiny):
@@ -641,12 +673,14 @@ def neural_setup(tmp_path_factory):
     target = llama.Model.from_pretrained(src, torch.float32)
     draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32)
     head = drafters.Eagle3Head.load(make_eagle(base / "eagle", target, draft_vocab=16)[0], target)
-    return target, draft, head
+    draft8 = llama.Model.from_pretrained(base / "draft", torch.float32, int8=True)
+    return target, draft, head, draft8
 
 
 def neural_drafters(setup):
-    target, draft, head = setup
+    target, draft, head, draft8 = setup
     return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
+            ("sps-int8", lambda: drafters.DraftModel(draft8, gamma=4, vocab=8, topk=2)),  # int8, cut head
             ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
             ("sps-vocab", lambda: drafters.DraftModel(draft, gamma=4, vocab=8)),  # ids < 8 and the context's
             ("sps-top3", lambda: drafters.DraftModel(draft, gamma=4, vocab=8, topk=3)),  # leaves, cut head
@@ -725,12 +759,14 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
 
 @pytest.mark.parametrize("kind,gamma,threshold,temperature",
                          [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("sps-vocab", 2, 0.0, 1.0),
+                          ("sps-int8", 2, 0.0, 1.0),
                           ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
 def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
     if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
-        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32)
+        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32,
+                                            int8=kind == "sps-int8")
         neural = drafters.DraftModel(draft, gamma, threshold, vocab=2 if kind == "sps-vocab" else 0,
                                      topk=2)  # a greedy-only option: sampling must ignore it
         kind = "sps"
@@ -979,7 +1015,7 @@ def test_ucb1_prefers_the_faster_arm():
 def test_eagle3_training_unroll_matches_inference_drafting(neural_setup):
     """The training-time test (drafters.unroll) computes exactly what chain drafting does:
     run on the drafter's own proposals, its argmax at every step is that proposal."""
-    target, _, head = neural_setup
+    target, _, head, _ = neural_setup
     prompt = repetitive_prompts(1, seed=21)[0]
     d = drafters.Eagle3(head, target, gamma=4)
     d.reset(len(prompt) + 8)
@@ -1191,7 +1227,8 @@ def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
     base = ["--model", str(folder), "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--dtype", "float32",
             "--json", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors")]
     outs = []
-    for extra in ([], ["--draft-model", str(draft)], ["--eagle", str(eagle)]):
+    for extra in ([], ["--draft-model", str(draft)], ["--draft-model", str(draft), "--draft-quant", "none"],
+                  ["--eagle", str(eagle)]):
         r = run_cli(*base, *extra)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
@@ -1199,7 +1236,7 @@ def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
         assert out["copy_steps"] + out["neural_steps"] + out["accept_hist"][0] >= out["target_forwards"] - 1
         assert set(out["accepted_by_path"]) <= {"copy", "neural", "ar"}
         outs.append(out["output_ids"])
-    assert outs[0] == outs[1] == outs[2]  # greedy: every drafter gives the AR output
+    assert outs[0] == outs[1] == outs[2] == outs[3]  # greedy: every drafter gives the AR output
     r = run_cli(*[x for x in base if x != "--json"], "--show", "path")
     assert r.returncode == 0 and "\x1b[30;43m" in r.stdout  # copied tokens, coloured
 
