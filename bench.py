@@ -76,8 +76,13 @@ def task_prompts(task: str, n: int) -> list[str]:
 
 
 def machine() -> str:
-    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-            f"torch {torch.__version__}")
+    """The CPU's model name where Linux tells it: kernels and timings differ between hosts."""
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").is_file():
+        names = [l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                 if l.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def log(msg):
