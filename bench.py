@@ -709,7 +709,7 @@ def main():
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
     p.add_argument("--vocabs", type=int, nargs="+", help="SPS draft vocabularies to sweep (0 = all)")
-    p.add_argument("--quants", nargs="+", choices=["int8", "none"], help="SPS draft weights to sweep")
+    p.add_argument("--quants", nargs="+", choices=switchsd.QUANTS, help="SPS draft weights to sweep")
     common(p, 2, 128)
     p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -736,7 +736,7 @@ def main():
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
-    p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=["int8", "none"],
+    p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=switchsd.QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
     common(p, 8, 128)
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
@@ -763,7 +763,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--vocabs", type=int, nargs="*", default=[],
                    help="also time one draft step with the output layer cut to N ids (0 = all)")
-    p.add_argument("--quants", nargs="+", default=["none"], choices=["none", "int8"],
+    p.add_argument("--quants", nargs="+", default=["none"], choices=switchsd.QUANTS,
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     a = ap.parse_args()
     global SKIP

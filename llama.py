@@ -146,9 +146,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x):  # x: (T, in), the int8 kernel wants it 2-D
         if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.weight, self.scales.to(x.dtype))
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
         else:  # no fused kernel assumed elsewhere: dequantize on the fly
-            y = F.linear(x, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+            y = F.linear(x, self.weight.to(x.dtype)) * self.scales
         return y if self.bias is None else y + self.bias
 
     def rows(self, ids) -> "Int8Linear":

@@ -312,7 +312,7 @@ DRAFTER = {"sps": {"threshold": 0.7, "topk": 2}, "eagle3": {"threshold": 0.0, "t
 SPS_VOCAB = 65536
 # The SPS draft's weights: int8 halves a draft forward's bytes (llama.Int8Linear); `bench.py
 # neural --quants` (README, "The draft's weights").
-SPS_QUANT = "int8"
+SPS_QUANT, QUANTS = "int8", ("int8", "none")
 
 
 def drafter_option(kind: str, name: str, given):
@@ -340,7 +340,7 @@ def parse_args(argv=None):
                     f"{DRAFTER['eagle3']['threshold']} for EAGLE-3)")
     ap.add_argument("--draft-vocab", type=int, default=SPS_VOCAB,
                     help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
-    ap.add_argument("--draft-quant", default=SPS_QUANT, choices=["int8", "none"],
+    ap.add_argument("--draft-quant", default=SPS_QUANT, choices=QUANTS,
                     help="SPS: the draft model's weights, int8 or as --dtype (default: %(default)s)")
     ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
                     "verified as leaves beside the chain (1 = a plain chain; default: "
