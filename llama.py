@@ -103,19 +103,11 @@ class ModelArgs:
 # ---------------------------------------------------------------------------------------
 
 class Linear(nn.Linear):
-    """nn.Linear with batch-1 fast paths. A decoding pass streams every weight once, so it
-    should cost what reading the weights costs; on CPU in bf16, x @ W.T over a handful of rows
-    runs ~30% slower than that, while torch.mv (one row) and W @ x.T (up to a few dozen rows)
-    keep up. So a verification pass over 2-21 tokens costs about one decoding step, not 1.4
-    (python bench.py passes). The transposed product is made contiguous again: attention's
-    fused kernel needs it, and would otherwise fall back to a slow one."""
+    """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
 
-    def forward(self, x):
-        T = x.shape[0]
-        if x.dim() != 2 or T > 24:
-            return super().forward(x)
-        y = torch.mv(self.weight, x[0])[None] if T == 1 else torch.mm(self.weight, x.t()).t().contiguous()
-        return y if self.bias is None else y + self.bias
+    Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
+    (W @ x.T) were faster on one host and 5-20% slower on the next (README, "Speed on this
+    machine"), so the one kernel torch picks is the default that ages best."""
 
     def rows(self, ids) -> "Linear":
         """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""
@@ -145,9 +137,11 @@ class Int8Linear(nn.Module):
         return cls((w / s[:, None]).round().to(torch.int8), s.to(lin.weight.dtype), lin.bias)
 
     def forward(self, x):  # x: (T, in), the int8 kernel wants it 2-D
-        if x.device.type == "cpu":
+        # The fused kernel wins for the few rows of a draft step; past ~60 rows (a prompt's
+        # prefill) dequantizing once and running the bf16 product is twice as fast.
+        if x.device.type == "cpu" and x.shape[0] <= 64:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
-        else:  # no fused kernel assumed elsewhere: dequantize on the fly
+        else:  # dequantize on the fly
             y = F.linear(x, self.weight.to(x.dtype)) * self.scales
         return y if self.bias is None else y + self.bias
 
