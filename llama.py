@@ -106,8 +106,8 @@ class Linear(nn.Linear):
     """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
 
     Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
-    (W @ x.T) were faster on one host and 5-20% slower on the next (README, "Speed on this
-    machine"), so the one kernel torch picks is the default that ages best."""
+    (W @ x.T) were faster on one host and 5-20% slower on the next (README, "What one forward
+    costs"), so the one kernel torch picks is the default that ages best."""
 
     def rows(self, ids) -> "Linear":
         """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""
