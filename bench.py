@@ -96,7 +96,7 @@ def log(msg):
 class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=4, width=4, topk=None,
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=4, topk=None,
                  dtype="bfloat16", threshold=None, quant=switchsd.SPS_QUANT):
         self.name = model_name
         folder = resolve(model_name)
@@ -121,7 +121,7 @@ class Setup:
         """A fresh drafter; options not given are the Setup's, else the drafter's defaults."""
         if kind is None:
             return None
-        g = gamma or self.gamma
+        g = switchsd.drafter_option(kind, "gamma", gamma or self.gamma)
         t = switchsd.drafter_option(kind, "threshold", self.threshold if threshold is None else threshold)
         k = switchsd.drafter_option(kind, "topk", topk or self.topk)
         if kind == "sps":
@@ -450,7 +450,8 @@ def bench_gate(a):
     res = side_by_side(s, ["PLD", ("SPS gamma=8", "SPS", {"gamma": 8}), *sw], a.tasks, a.prompts, a.tokens,
                        repeats=a.repeats)
     save(res, f"runs/gate_{Path(a.model).name}",
-         f"# SwitchSD's gate: kappa x tau x W, {a.model} (draft {a.draft_model}, gamma {a.gamma})\n\n"
+         f"# SwitchSD's gate: kappa x tau x W, {a.model} (draft {a.draft_model}, gamma "
+         f"{switchsd.drafter_option('sps', 'gamma', a.gamma)})\n\n"
          f"{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, {a.prompts} prompts per task, {a.tokens} new "
          f"tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
@@ -531,13 +532,14 @@ def bench_table1(a):
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
         name = Path(model).name
-        opts = lambda kind: (f"early stop q < {switchsd.drafter_option(kind, 'threshold', None)}, top-k "
+        opts = lambda kind: (f"gamma {switchsd.drafter_option(kind, 'gamma', s.gamma)}, "
+                             f"early stop q < {switchsd.drafter_option(kind, 'threshold', None)}, top-k "
                              f"{switchsd.drafter_option(kind, 'topk', s.topk)}")
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {a.dtype}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"gamma {s.gamma}; SPS: {opts('sps')}, draft weights {s.quant}, draft vocabulary ids < "
+                f"SPS: {opts('sps')}, draft weights {s.quant}, draft vocabulary ids < "
                 f"{switchsd.SPS_VOCAB} and the context's; EAGLE-3: {opts('eagle3')}; each method's fastest of {a.repeats} interleaved "
                 f"round(s) per prompt; 'after the first step': the speedup in tokens/s once the first tokens are out "
                 f"(the prompt's prefill and the first step left out; bench.decode_tps).\n"
@@ -744,7 +746,7 @@ def main():
     p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--gamma", type=int, help="SPS lookahead (default: switchsd.DRAFTER's)")
     p.add_argument("--kappas", type=int, nargs="+", default=[3, 4, 5])
     p.add_argument("--taus", type=float, nargs="+", help="default: the probe file's tau")
     p.add_argument("--widths", type=int, nargs="+", default=[4], help="W: candidates per copy step")

@@ -303,10 +303,12 @@ def show(tok, res: Result, mode: str) -> str:
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
 # The neural drafters' defaults, each chosen with `bench.py neural` on prompts Table 1 does
-# not use (README): "threshold", the early stop (a token with q below it ends a draft), and
-# "topk" (greedy), the drafter's choices per depth, runners-up verified as leaves (topk 1 =
-# the papers' plain chain).
-DRAFTER = {"sps": {"threshold": 0.7, "topk": 2}, "eagle3": {"threshold": 0.0, "topk": 2}}
+# not use (README): "gamma", the lookahead (SPS: 6 with the int8 draft, README "The gamma
+# sweep"), "threshold", the early stop (a token with q below it ends a draft), and "topk"
+# (greedy), the drafter's choices per depth, runners-up verified as leaves (topk 1 = the
+# papers' plain chain).
+DRAFTER = {"sps": {"gamma": 6, "threshold": 0.7, "topk": 2},
+           "eagle3": {"gamma": 4, "threshold": 0.0, "topk": 2}}
 # The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
 # (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
 SPS_VOCAB = 65536
@@ -333,7 +335,8 @@ def parse_args(argv=None):
     ap.add_argument("--copy-depth", type=int, default=20, help="D: longest copied candidate")
     ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
     ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
-    ap.add_argument("--gamma", type=int, default=4, help="most tokens per neural draft")
+    ap.add_argument("--gamma", type=int, help="most tokens per neural draft (default: "
+                    f"{DRAFTER['sps']['gamma']} for SPS, {DRAFTER['eagle3']['gamma']} for EAGLE-3)")
     ap.add_argument("--draft-threshold", type=float,
                     help="stop a draft after a token the drafter gives less than this probability "
                     f"(0 = always gamma tokens; default: {DRAFTER['sps']['threshold']} for SPS, "
@@ -397,7 +400,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if a.gamma < 1 or (a.topk is not None and a.topk < 1) or not 0 <= (a.draft_threshold or 0) < 1:
+    if (a.gamma is not None and a.gamma < 1) or (a.topk is not None and a.topk < 1) or not 0 <= (a.draft_threshold or 0) < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:
@@ -407,10 +410,11 @@ def build(a):
         if draft.args.vocab_size > model.args.vocab_size:
             raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
                              f"{model.args.vocab_size}")
-        neural = DraftModel(draft, a.gamma, drafter_option("sps", "threshold", a.draft_threshold),
+        neural = DraftModel(draft, drafter_option("sps", "gamma", a.gamma),
+                            drafter_option("sps", "threshold", a.draft_threshold),
                             a.draft_vocab, drafter_option("sps", "topk", a.topk))
     if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, a.gamma,
+        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, drafter_option("eagle3", "gamma", a.gamma),
                         drafter_option("eagle3", "topk", a.topk),
                         drafter_option("eagle3", "threshold", a.draft_threshold))
     return model, tok, copier, neural, probe
