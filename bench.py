@@ -75,6 +75,10 @@ def task_prompts(task: str, n: int) -> list[str]:
     return [f"Summarize the following article in a few sentences.\n\n{r['article']}" for r in rows]
 
 
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def machine() -> str:
     """The CPU's model name where Linux tells it: kernels and timings differ between hosts."""
     cpu = platform.processor() or platform.machine()
@@ -97,10 +101,10 @@ class Setup:
     """A target, its tokenizer, and the drafters and probe the methods may use."""
 
     def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=4, topk=None,
-                 dtype="bfloat16", threshold=None, quant=switchsd.SPS_QUANT):
+                 dtype="auto", threshold=None, quant=switchsd.SPS_QUANT):
         self.name = model_name
         folder = resolve(model_name)
-        self.dtype = getattr(torch, dtype)
+        self.dtype = switchsd.dtype_of(dtype)
         self.model = llama.Model.from_pretrained(folder, self.dtype)
         self.tok = llama.Tokenizer(folder)
         self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
@@ -314,9 +318,9 @@ def table(results: dict, cols=("tps", "speedup", "decode_speedup", "mean_accepte
     return "\n".join(lines)
 
 
-def hf_model(name):
+def hf_model(name, dtype):
     import transformers
-    return transformers.AutoModelForCausalLM.from_pretrained(resolve(name), dtype=torch.bfloat16).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(resolve(name), dtype=dtype).eval()
 
 
 def write_md(path, md: str):
@@ -339,7 +343,7 @@ def bench_ar(a):
     rows = []
     for name in a.models:
         s = Setup(name)
-        hf = hf_model(name)
+        hf = hf_model(name, s.dtype)
         prompts = [s.tok.prompt_ids(p) for p in task_prompts("humaneval", a.prompts)]
         s.run("AR", prompts[0], 4)
         hf_generate(hf, prompts[0], 4, s.tok.eos_ids)  # warm up both
@@ -356,11 +360,11 @@ def bench_ar(a):
         rows.append((name, statistics.median(tps_o), statistics.median(tps_h), statistics.median(ratios),
                      f"{same}/{len(prompts)}"))
         del s, hf
-    lines = ["| model | ours tok/s | transformers tok/s | ratio (median) | identical outputs (bf16) |",
+    lines = ["| model | ours tok/s | transformers tok/s | ratio (median) | identical outputs |",
              "|---|---|---|---|---|"]
     lines += [f"| {n} | {o:.2f} | {h:.2f} | {r:.2f} | {i} |" for n, o, h, r, i in rows]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, "
-                 f"{a.prompts} HumanEval prompts, bf16, greedy. Command: python bench.py ar")
+                 f"{a.prompts} HumanEval prompts, {dtype_name(s.dtype)}, greedy. Command: python bench.py ar")
     write_md("runs/bench_ar.md", "\n".join(lines) + "\n")
 
 
@@ -373,7 +377,7 @@ def bench_parity(a):
         cells = []
         for dtype in ("float32", "bfloat16"):
             s = Setup(name, dtype=dtype)
-            hf = hf_model(name).to(getattr(torch, dtype))
+            hf = hf_model(name, s.dtype)
             same, gap = 0, 0.0
             prompts = [s.tok.prompt_ids(p) for p in task_prompts("humaneval", a.prompts)]
             for ids in prompts:
@@ -404,7 +408,7 @@ def bench_copy(a):
                        repeats=a.repeats)
     save(res, f"runs/copy_width_{Path(a.model).name}",
          f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, "
-         f"bf16, greedy, {a.prompts} prompts per task, {a.tokens} new tokens.\n"
+         f"{dtype_name(s.dtype)}, greedy, {a.prompts} prompts per task, {a.tokens} new tokens.\n"
          f"Command: python bench.py {' '.join(sys.argv[1:])}")
 
 
@@ -435,7 +439,7 @@ def bench_neural(a):
                            "speedup over AR (median)")
     save(res, f"runs/gamma_{Path(a.model).name}",
          f"# gamma sweep of the neural drafters, {a.model} (draft {a.draft_model}, EAGLE-3 "
-         f"{a.eagle and Path(a.eagle).name})\n\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, "
+         f"{a.eagle and Path(a.eagle).name})\n\n{time.strftime('%Y-%m-%d')}, {machine()}, {dtype_name(s.dtype)}, greedy, "
          f"{a.prompts} prompts per task, {a.tokens} new tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
 
@@ -452,7 +456,7 @@ def bench_gate(a):
     save(res, f"runs/gate_{Path(a.model).name}",
          f"# SwitchSD's gate: kappa x tau x W, {a.model} (draft {a.draft_model}, gamma "
          f"{switchsd.drafter_option('sps', 'gamma', a.gamma)})\n\n"
-         f"{time.strftime('%Y-%m-%d')}, {machine()}, bf16, greedy, {a.prompts} prompts per task, {a.tokens} new "
+         f"{time.strftime('%Y-%m-%d')}, {machine()}, {dtype_name(s.dtype)}, greedy, {a.prompts} prompts per task, {a.tokens} new "
          f"tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
 
@@ -494,7 +498,7 @@ def bench_heads(a):
             acc = acceptance_length(f, lambda ids: w[ids].float(), [examples[i] for i in at], a.gamma, f.d2t)
             lines.append(f"| {Path(path).name} | {TASKS[task]} | {sum(t in vocab for t in out) / len(out):.1%} | "
                          f"{acc:.2f} | {statistics.mean(live[i] for i in at):.2f} |")
-    md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.dtype}, greedy, "
+    md = (f"# EAGLE-3 heads on task prompts, {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, {dtype_name(s.dtype)}, greedy, "
           f"{a.prompts} prompts per task, {a.tokens} new tokens, gamma {a.gamma}.\n"
           f"Command: python bench.py {' '.join(sys.argv[1:])}\n\n" + "\n".join(lines) + "\n")
     write_md(Path(a.out or "runs") / f"heads_{Path(a.model).name}.md", md)
@@ -525,10 +529,10 @@ def bench_table1(a):
         methods = table1_methods(draft, eagle, s.probe)
         hf = {}
         if a.hf:
-            m = hf_model(model)
+            m = hf_model(model, s.dtype)
             hf["HF-PLD"] = lambda ids, m=m: hf_generate(m, ids, tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)
             if draft:
-                d = hf_model(draft)
+                d = hf_model(draft, s.dtype)
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
         name = Path(model).name
@@ -536,7 +540,7 @@ def bench_table1(a):
                              f"early stop q < {switchsd.drafter_option(kind, 'threshold', None)}, top-k "
                              f"{switchsd.drafter_option(kind, 'topk', s.topk)}")
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
-        head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {a.dtype}, "
+        head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {dtype_name(s.dtype)}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
                 f"SPS: {opts('sps')}, draft weights {s.quant}, draft vocabulary ids < "
@@ -660,10 +664,9 @@ def bench_passes(a):
     --context tokens: the economics behind every speculative method on this machine."""
     lines = [f"| model | " + " | ".join(f"T={T}" for T in a.widths) + " |", "|---" * (len(a.widths) + 1) + "|"]
     vocab = {}  # (model, N) -> ms
-    for name, quant in [(n, q) for n in a.models for q in a.quants]:
-        model = llama.Model.from_pretrained(resolve(name), torch.bfloat16, int8=quant == "int8")
-        if len(a.quants) > 1:
-            name = f"{name} {quant}"
+    for name, quant, dtype in [(n, q, d) for n in a.models for q in a.quants for d in a.dtypes]:
+        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=quant == "int8")
+        name = " ".join([name] + [quant] * (len(a.quants) > 1) + [dtype] * (len(a.dtypes) > 1))
         ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
         cache = model.new_cache(len(ids))
         with torch.inference_mode():
@@ -699,7 +702,7 @@ def bench_passes(a):
                   "|---" * (len(a.vocabs) + 1) + "|"]
         lines += [f"| {Path(n).name} | " + " | ".join(f"{vocab[n, N]:.0f} ms ({vocab[n, N] / vocab[n, a.vocabs[0]]:.2f}x)"
                                                      for N in a.vocabs) + " |" for n in dict.fromkeys(n for n, _ in vocab)]
-    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, bf16, context {a.context} tokens, median of "
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {'/'.join(dtype_name(switchsd.dtype_of(d)) for d in a.dtypes)}, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 
@@ -756,7 +759,7 @@ def main():
     p.add_argument("--eagle", nargs="+", default=[str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b")])
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--out", help="folder for the results (default runs/)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
     common(p, 2, 64)
     p = sub.add_parser("table1", help="all methods, three tasks (the paper's Table 1)")
     p.add_argument("--model", help="one target instead of the two demo configurations")
@@ -765,7 +768,7 @@ def main():
     p.add_argument("--probe", help="probe file (default: probes/<model>.safetensors)")
     p.add_argument("--out", help="folder for the results (default runs/)")
     p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
     p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=switchsd.QUANTS,
@@ -797,6 +800,8 @@ def main():
                    help="also time one draft step with the output layer cut to N ids (0 = all)")
     p.add_argument("--quants", nargs="+", default=["none"], choices=switchsd.QUANTS,
                    help="the weights to time each model with (int8: llama.Int8Linear)")
+    p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
+                   help="the dtypes to time each model in (int8: of its activations and scales)")
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)

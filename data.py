@@ -880,7 +880,7 @@ def main(argv=None):
     import llama
     from fetch import resolve
     folder = resolve(args.model)
-    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    model = llama.Model.from_pretrained(folder)
     if args.cmd == "completions":
         prompts = subset(read_prompts(args.prompts), {"train": args.train, "val": args.val, "test": args.test})
         generate_completions(model, llama.Tokenizer(folder), prompts, args.out, args.max_new_tokens,

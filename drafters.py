@@ -664,7 +664,7 @@ def main(argv=None):
     from fetch import resolve
     if not (a.completions or a.text):  # before loading the target: fail in a second, not a minute
         ap.error("train-eagle3 needs --completions, --text N or both")
-    target = llama.Model.from_pretrained(resolve(a.model), torch.bfloat16)
+    target = llama.Model.from_pretrained(resolve(a.model))
     comps = data.read_jsonl(a.completions) if a.completions else []
     if a.text:
         comps += data.reference_text(llama.Tokenizer(resolve(a.model)), a.text)

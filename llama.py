@@ -127,26 +127,45 @@ class Int8Linear(nn.Module):
     def __init__(self, q, scales, bias=None):
         super().__init__()
         self.register_buffer("weight", q)  # (out, in) int8
-        self.register_buffer("scales", scales)  # (out,)
+        self.register_buffer("scales", scales)  # (out,) bf16
         self.bias = bias
 
     @classmethod
     def quantize(cls, lin: nn.Linear) -> "Int8Linear":
         w = lin.weight.detach().float()
         s = w.abs().amax(1).clamp(min=1e-12) / 127
-        return cls((w / s[:, None]).round().to(torch.int8), s.to(lin.weight.dtype), lin.bias)
+        # The scales are bf16 (the kernel's), rounded up so |W / s| stays <= 127 and every
+        # weight within s / 2 of s * Q.
+        b = s.to(torch.bfloat16)
+        s = torch.where(b.float() < s, torch.nextafter(b, torch.tensor(float("inf"), dtype=b.dtype)), b)
+        return cls((w / s.float()[:, None]).round().to(torch.int8), s, lin.bias)
 
     def forward(self, x):  # x: (T, in), the int8 kernel wants it 2-D
         # The fused kernel wins for the few rows of a draft step; past ~60 rows (a prompt's
-        # prefill) dequantizing once and running the bf16 product is twice as fast.
+        # prefill) dequantizing once and running the bf16 product is twice as fast. The kernel
+        # runs in bf16 whatever x's dtype: its float32 variant was 5x slower on a Xeon without
+        # AVX512-bf16 (README, "bfloat16 or float32"), and a draft's rounding never reaches the output.
         if x.device.type == "cpu" and x.shape[0] <= 64:
-            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.weight,
+                                                   self.scales).to(x.dtype)
         else:  # dequantize on the fly
             y = F.linear(x, self.weight.to(x.dtype)) * self.scales
         return y if self.bias is None else y + self.bias
 
     def rows(self, ids) -> "Int8Linear":
         return Int8Linear(self.weight[ids], self.scales[ids])
+
+
+def default_dtype(device="cpu") -> torch.dtype:
+    """bfloat16 where the hardware computes in it (CUDA; a CPU with AVX512-bf16 or AMX), else
+    float32. Without native bf16 a CPU converts every weight it multiplies: a 1.5B step then
+    costs as much as in float32 with half the bytes, and a verification pass of 21 tokens twice
+    float32's (README, "bfloat16 or float32"). torch names these CPU features only privately;
+    where it does not, assume bf16 (the common case)."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    has = lambda f: getattr(torch.cpu, f, lambda: True)()
+    return torch.bfloat16 if has("_is_avx512_bf16_supported") or has("_is_amx_tile_supported") else torch.float32
 
 
 class RMSNorm(nn.Module):
@@ -314,9 +333,11 @@ class Model(nn.Module):
         return self
 
     @classmethod
-    def from_pretrained(cls, folder, dtype=torch.bfloat16, device="cpu", int8=False) -> "Model":
-        """int8: weight-only int8 Linears (Int8Linear), for a draft model."""
+    def from_pretrained(cls, folder, dtype=None, device="cpu", int8=False) -> "Model":
+        """dtype None: default_dtype(device). int8: weight-only int8 Linears (Int8Linear), for a
+        draft model."""
         folder = Path(folder)
+        dtype = dtype or default_dtype(device)
         args = ModelArgs.from_config(read_json(folder / "config.json"), str(folder / "config.json"))
         with torch.device("meta"):
             model = cls(args)

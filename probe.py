@@ -273,7 +273,7 @@ def cmd_train(a):
     work = Path(a.work or f"runs/probe-{name}")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
     prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
     data.generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens, a.batch)
@@ -343,7 +343,7 @@ def cmd_ablation(a):
     name = Path(a.model).name
     work = Path(a.work or f"runs/probe-{name}")
     report = json.loads((work / "report.json").read_text())
-    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
     main = work / "features"
     info = json.loads((main / "index.json").read_text())
@@ -439,7 +439,7 @@ def cmd_eval(a):
     from drafters import CopyDrafter
     from fetch import resolve
     folder = resolve(a.model)
-    model = llama.Model.from_pretrained(folder, torch.bfloat16)
+    model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
     probe = Probe.load(a.probe, model)
     s_all, y_all = [], []

@@ -317,6 +317,14 @@ SPS_VOCAB = 65536
 SPS_QUANT, QUANTS = "int8", ("int8", "none")
 
 
+DTYPES = ("auto", "bfloat16", "float32")
+
+
+def dtype_of(name: str, device="cpu") -> torch.dtype:
+    """A --dtype choice as a torch dtype ("auto": llama.default_dtype)."""
+    return llama.default_dtype(device) if name == "auto" else getattr(torch, name)
+
+
 def drafter_option(kind: str, name: str, given):
     """A drafter's ("sps" or "eagle3") option `name`: the value given, else its default."""
     return given if given is not None else DRAFTER[kind][name]
@@ -353,7 +361,8 @@ def parse_args(argv=None):
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="auto: bfloat16 where the hardware has it, else float32 (llama.default_dtype)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
     ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
@@ -377,7 +386,7 @@ def build(a):
     """Load the target and whatever the method needs: copier, neural drafter, probe."""
     from fetch import resolve
     folder = resolve(a.model)
-    dtype = getattr(torch, a.dtype)
+    dtype = dtype_of(a.dtype, a.device)
     model, tok = llama.Model.from_pretrained(folder, dtype, a.device), llama.Tokenizer(folder)
     probe = None
     if a.probe or a.method == "switchsd":

@@ -228,9 +228,10 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
 
 
 def test_int8_weights(tiny, tmp_path):
-    """Int8Linear computes x @ (s * Q).T at any width, keeps each row within half a step (s / 2) of W, and
-    its rows() cut is those rows; a quantized model is the model with every Linear's weight
-    replaced by s * Q (biases and the embedding as they were)."""
+    """Int8Linear computes x @ (s * Q).T at any width (a draft step's few rows in bf16, whatever
+    x's dtype), keeps each row within half a step (s / 2) of W, and its rows() cut is those rows;
+    a quantized model is the model with every Linear's weight replaced by s * Q (biases and the
+    embedding as they were), up to that bf16 arithmetic."""
     model, folder = tiny
     lin = model.model.layers[0].mlp.gate_proj
     q = llama.Int8Linear.quantize(lin)
@@ -238,9 +239,10 @@ def test_int8_weights(tiny, tmp_path):
     w = q.weight.float() * q.scales[:, None]
     assert ((w - lin.weight).abs() <= q.scales[:, None] / 2 + 1e-7).all()
     x = torch.randn(5, lin.in_features)
-    torch.testing.assert_close(q(x), x @ w.T, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(q(x[:1]), x[:1] @ w.T, rtol=1e-5, atol=1e-5)
-    wide = torch.randn(80, lin.in_features)  # a prefill's width: the dequantizing branch
+    bf = lambda t: t.bfloat16().float()  # the fused kernel's input and output rounding
+    torch.testing.assert_close(q(x), bf(bf(x) @ w.T), rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(q(x[:1]), bf(bf(x[:1]) @ w.T), rtol=1e-2, atol=1e-3)
+    wide = torch.randn(80, lin.in_features)  # a prefill's width: the dequantizing branch, in x's dtype
     torch.testing.assert_close(q(wide), wide @ w.T, rtol=1e-5, atol=1e-5)
     ids = torch.tensor([3, 0, 7])
     torch.testing.assert_close(q.rows(ids)(x), q(x)[:, ids])
@@ -252,10 +254,23 @@ def test_int8_weights(tiny, tmp_path):
         if isinstance(m, llama.Linear):  # a new Parameter: a tied embedding keeps its own
             q = llama.Int8Linear.quantize(m)
             m.weight = torch.nn.Parameter(q.weight.float() * q.scales[:, None], requires_grad=False)
-    ids = torch.randint(0, 200, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    # 80 tokens in one pass: the dequantizing branch, exact in float32 (the kernel is checked above)
+    ids = torch.randint(0, 200, (80,), generator=torch.Generator().manual_seed(4)).tolist()
     got, ref = full_logits(m8, ids), full_logits(deq, ids)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-3)
     assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
+
+
+def test_default_dtype_follows_the_hardware(monkeypatch, tiny):
+    """bf16 on CUDA and on a CPU that computes in it (AVX512-bf16 or AMX), float32 on one that
+    would convert every weight; a checkpoint loaded without a dtype gets it."""
+    for bf16, amx, want in [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                            (False, False, torch.float32)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+        assert llama.default_dtype("cpu") == want and llama.default_dtype("cuda") == torch.bfloat16
+        assert switchsd.dtype_of("auto") == want and switchsd.dtype_of("float32") == torch.float32
+        assert llama.Model.from_pretrained(tiny[1]).dtype == want
 
 
 def test_kv_compaction_equals_recomputation(tiny):
