@@ -409,7 +409,7 @@ def build(a):
         raise ValueError("give --draft-model or --eagle, not both")
     if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
         raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if (a.gamma is not None and a.gamma < 1) or (a.topk is not None and a.topk < 1) or not 0 <= (a.draft_threshold or 0) < 1:
+    if any(v is not None and v < 1 for v in (a.gamma, a.topk)) or not 0 <= (a.draft_threshold or 0) < 1:
         raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
     neural = None
     if a.draft_model:

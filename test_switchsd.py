@@ -421,6 +421,7 @@ def test_cli_end_to_end(tiny):
     (["--model", "/nonexistent/dir"], "/nonexistent/dir: no such model folder"),
     (["--prompt-file", "/nonexistent.txt"], "/nonexistent.txt: No such file"),
     (["--topk", "0"], "need --gamma >= 1, --topk >= 1"),
+    (["--gamma", "0"], "need --gamma >= 1, --topk >= 1"),
 ])
 def test_cli_errors(tiny, args, msg):
     _, folder = tiny
