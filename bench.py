@@ -801,7 +801,7 @@ def main():
     p.add_argument("--quants", nargs="+", default=["none"], choices=switchsd.QUANTS,
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
-                   help="the dtypes to time each model in (int8: of its activations and scales)")
+                   help="the dtypes to time each model in (int8: of its activations)")
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)

@@ -143,7 +143,7 @@ class Int8Linear(nn.Module):
     def forward(self, x):  # x: (T, in), the int8 kernel wants it 2-D
         # The fused kernel wins for the few rows of a draft step; past ~60 rows (a prompt's
         # prefill) dequantizing once and running the bf16 product is twice as fast. The kernel
-        # runs in bf16 whatever x's dtype: its float32 variant was 5x slower on a Xeon without
+        # runs in bf16 whatever x's dtype: its float32 variant was 5-20x slower on a Xeon without
         # AVX512-bf16 (README, "bfloat16 or float32"), and a draft's rounding never reaches the output.
         if x.device.type == "cpu" and x.shape[0] <= 64:
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.weight,

@@ -231,7 +231,7 @@ def test_int8_weights(tiny, tmp_path):
     """Int8Linear computes x @ (s * Q).T at any width (a draft step's few rows in bf16, whatever
     x's dtype), keeps each row within half a step (s / 2) of W, and its rows() cut is those rows;
     a quantized model is the model with every Linear's weight replaced by s * Q (biases and the
-    embedding as they were), up to that bf16 arithmetic."""
+    embedding as they were), exactly on its float32 dequantizing branch."""
     model, folder = tiny
     lin = model.model.layers[0].mlp.gate_proj
     q = llama.Int8Linear.quantize(lin)
