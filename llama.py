@@ -107,10 +107,11 @@ class Linear(nn.Linear):
 
     Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
     (W @ x.T) were faster on one host and 5-20% slower on the next (README, "What one forward
-    costs"), so the one kernel torch picks is the default that ages best. One shape is fed to it
-    padded: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 7-15 rows stream
-    the weights once per few rows, up to five times one row's cost, while 16 rows stream them
-    once (about 2x); a verification pass of 7-15 tokens runs as 16 and costs half as much."""
+    costs"), so the one kernel torch picks is the default that ages best. One range of widths is
+    fed to it padded: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 7-15 rows
+    stream the weights once per few rows, up to five times one row's cost, while 16 rows stream
+    them once (about 2x); a verification pass of 7-15 tokens runs as 16 and costs up to half as
+    much (README, "bfloat16 or float32")."""
 
     def forward(self, x):  # x: (T, in)
         T = x.shape[0]
