@@ -261,18 +261,25 @@ def test_int8_weights(tiny, tmp_path):
     assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
 
 
-def test_linear_pads_few_rows_without_changing_them(tiny, monkeypatch):
-    """7-15 float32 rows go to F.linear as 16 (a faster MKL path), and come back as the same T
-    rows as one row at a time; other widths go as they are."""
-    lin = tiny[0].model.layers[0].mlp.gate_proj
+def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
+    """4-15 float32 rows are multiplied by blocks of weight rows (not by F.linear, whose MKL
+    path streams the weights once per few rows), with the bias where the layer has one, and
+    come back as the same T rows as one row at a time; other widths, and a layer whose rows
+    do not split into blocks, go to F.linear as they are."""
+    q = tiny[0].model.layers[0].self_attn.q_proj
+    odd = llama.Linear(q.in_features, 33)  # 33 rows: no whole blocks
+    assert q.bias is not None  # Qwen2: q/k/v carry a bias
     widths = []
     real = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: widths.append(len(x)) or real(x, w, b))
-    for T in (1, 6, 7, 12, 15, 16, 21):
-        x = torch.randn(T, lin.in_features)
-        y = lin(x)
-        assert y.shape == (T, lin.out_features) and widths[-1] == (16 if 6 < T < 16 else T)
-        torch.testing.assert_close(y, torch.cat([real(r[None], lin.weight) for r in x]), rtol=1e-5, atol=1e-5)
+    for lin in (q, tiny[0].model.layers[0].mlp.gate_proj, odd):
+        for T in (1, 3, 4, 9, 15, 16, 21):
+            widths.clear()
+            x = torch.randn(T, lin.in_features)
+            y = lin(x)
+            assert y.shape == (T, lin.out_features) and (widths == [T]) == (lin is odd or not 3 < T < 16)
+            torch.testing.assert_close(y, torch.cat([real(r[None], lin.weight, lin.bias) for r in x]),
+                                       rtol=1e-5, atol=1e-5)
 
 
 def test_default_dtype_follows_the_hardware(monkeypatch, tiny):
