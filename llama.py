@@ -115,12 +115,14 @@ class Linear(nn.Linear):
     one-token passes instead of 2.0-5.1 (README, "bfloat16 or float32")."""
 
     def forward(self, x):  # x: (T, in)
-        T, (O, I) = x.shape[0], self.weight.shape
-        r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
-        if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and O % r == 0:
-            y = x @ self.weight.view(O // r, r, I).transpose(1, 2)  # (O/r, T, r)
-            y = y.transpose(0, 1).reshape(T, O)
-            return y if self.bias is None else y + self.bias
+        T = x.shape[0]
+        if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+            O, I = self.weight.shape
+            r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
+            if O % r == 0:
+                y = x @ self.weight.view(O // r, r, I).transpose(1, 2)  # (O/r, T, r)
+                y = y.transpose(0, 1).reshape(T, O)
+                return y if self.bias is None else y + self.bias
         return super().forward(x)
 
     def rows(self, ids) -> "Linear":
