@@ -127,49 +127,50 @@ class Linear(nn.Linear):
 
     def rows(self, ids) -> "Linear":
         """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""
-        cut = Linear(self.in_features, len(ids), bias=False, device="meta")  # no init
+        cut = Linear(self.in_features, len(ids), bias=self.bias is not None, device="meta")  # no init
         cut.weight = nn.Parameter(self.weight[ids], requires_grad=False)
+        if self.bias is not None:
+            cut.bias = nn.Parameter(self.bias[ids], requires_grad=False)
         return cut
 
 
 class Int8Linear(nn.Module):
-    """Weight-only int8, one scale per output row: W ~= s * Q, Q = round(W / s), s = max|W_row| / 127.
+    """Int8 weights, one scale per output row: W ~= s * Q, Q = round(W / s), s = max|W_row| / 127.
 
-    For a draft model. A batch-1 pass streams every weight once, so halving the bytes nearly
-    halves a draft forward on a bandwidth-bound CPU (Qwen2.5-Coder-0.5B: README, "The draft's
-    weights"). The rounding moves the draft's q a little and so its acceptance, never the
-    output: every drafted token is still verified by the target against that same q."""
+    For a draft model. A batch-1 pass streams every weight once, so a quarter of float32's
+    bytes (half of bf16's) makes a draft forward cheaper on a bandwidth-bound CPU (Qwen2.5-Coder-
+    0.5B: README, "The draft's weights"). On a CPU the product runs in integers too: each row of
+    x is rounded the same way, x ~= a * X with its own a = max|x_row| / 127, and X @ Q.T is exact
+    in int32 (torch._int_mm, VNNI on x86), so y = a * (X @ Q.T) * s. Its rows do not depend on
+    one another, and unlike a kernel that multiplies int8 weights by bf16 rows it costs little
+    more for the 2-20 rows of a draft catching up than for one. The rounding moves the draft's q
+    a little and so its acceptance, never the output: every drafted token is still verified by
+    the target against that same q."""
 
     def __init__(self, q, scales, bias=None):
         super().__init__()
         self.register_buffer("weight", q)  # (out, in) int8
-        self.register_buffer("scales", scales)  # (out,) bf16
+        self.register_buffer("scales", scales)  # (out,) float32
         self.bias = bias
 
     @classmethod
     def quantize(cls, lin: nn.Linear) -> "Int8Linear":
         w = lin.weight.detach().float()
         s = w.abs().amax(1).clamp(min=1e-12) / 127
-        # The scales are bf16 (the kernel's), rounded up so |W / s| stays <= 127 and every
-        # weight within s / 2 of s * Q.
-        b = s.to(torch.bfloat16)
-        s = torch.where(b.float() < s, torch.nextafter(b, torch.tensor(float("inf"), dtype=b.dtype)), b)
-        return cls((w / s.float()[:, None]).round().to(torch.int8), s, lin.bias)
+        return cls((w / s[:, None]).round().to(torch.int8), s, lin.bias)
 
-    def forward(self, x):  # x: (T, in), the int8 kernel wants it 2-D
-        # The fused kernel wins for the few rows of a draft step; past ~60 rows (a prompt's
-        # prefill) dequantizing once and running the bf16 product is twice as fast. The kernel
-        # runs in bf16 whatever x's dtype: its float32 variant was 5-20x slower on a Xeon without
-        # AVX512-bf16 (README, "bfloat16 or float32"), and a draft's rounding never reaches the output.
-        if x.device.type == "cpu" and x.shape[0] <= 64:
-            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.weight,
-                                                   self.scales).to(x.dtype)
-        else:  # dequantize on the fly
-            y = F.linear(x, self.weight.to(x.dtype)) * self.scales
-        return y if self.bias is None else y + self.bias
+    def forward(self, x):  # x: (T, in)
+        if x.device.type == "cpu":
+            xf = x.float()
+            a = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127  # (T, 1): one scale per row
+            X = (xf / a).round().to(torch.int8)
+            y = torch._int_mm(X, self.weight.T) * (a * self.scales)  # (T, out), float32
+        else:  # dequantize on the fly (torch._int_mm on CUDA wants more than 16 rows)
+            y = F.linear(x.float(), self.weight.float()) * self.scales
+        return (y if self.bias is None else y + self.bias).to(x.dtype)
 
     def rows(self, ids) -> "Int8Linear":
-        return Int8Linear(self.weight[ids], self.scales[ids])
+        return Int8Linear(self.weight[ids], self.scales[ids], None if self.bias is None else self.bias[ids])
 
 
 def default_dtype(device="cpu") -> torch.dtype:
