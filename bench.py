@@ -245,7 +245,37 @@ def aggregate(rows: list[dict]) -> dict:
             "decode_speedups": [r["decode_speedup"] and round(r["decode_speedup"], 3) for r in rows],
             "round_tps": [r["rounds"] for r in rows],
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
-            "ties": sum(r["agree"] == "tie" for r in rows)}
+            "ties": sum(r["agree"] == "tie" for r in rows),
+            # the sums behind the step statistics, so that `bench.py pool` can merge runs exactly
+            "counts": {k: sum(r[k] for r in rows) for k in ("tokens", "forwards", "copy_steps",
+                                                            "copy_accepted", "copy_zero")}}
+
+
+def pool(runs: list[dict]) -> dict:
+    """Several side_by_side results over different prompts as one: per-prompt speedups
+    concatenated (medians retaken), step statistics from the summed counts, agreements added.
+    A method missing from some runs is pooled over the runs that have it."""
+    out = {}
+    for task in runs[0]:
+        out[task] = {}
+        for m in runs[0][task]:
+            got = [r[task][m] for r in runs if m in r.get(task, {})]
+            n = {k: sum(g["counts"][k] for g in got) for k in got[0]["counts"]}
+            sp = sum((g["speedups"] for g in got), [])
+            dec = [d for g in got for d in g["decode_speedups"] if d]
+            f, c, t = n["forwards"], n["copy_steps"], n["tokens"]
+            agree = [tuple(map(int, g["agreement"].split("/"))) for g in got]
+            out[task][m] = {
+                "tps": statistics.median(max(r) for g in got for r in g["round_tps"]),  # each prompt's fastest
+                "speedup": statistics.median(sp), "decode_speedup": statistics.median(dec) if dec else None,
+                "mean_accepted": t / f if f else None, "copy_rate": c / f if f else None,
+                "copy_per_100": 100 * c / t if t and f else None,
+                "copy_run": n["copy_accepted"] / c if c else None, "copy_tax": n["copy_zero"] / c if c else None,
+                "speedups": sp, "decode_speedups": sum((g["decode_speedups"] for g in got), []),
+                "round_tps": sum((g["round_tps"] for g in got), []),
+                "agreement": f"{sum(a for a, _ in agree)}/{sum(b for _, b in agree)}",
+                "ties": sum(g["ties"] for g in got), "counts": n}
+    return out
 
 
 def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
@@ -557,6 +587,18 @@ def bench_table1(a):
                           "speedup (x)", hline=1.0)
 
 
+def bench_pool(a):
+    """One Table 1 from the JSON of several table1 runs over different prompts (say --skip 0
+    and --skip 3): a median over twice the prompts, without one long run."""
+    runs = [json.loads(Path(f).read_text()) for f in a.runs]
+    for f, r in zip(a.runs, runs):
+        if any("counts" not in row for rows in r.values() for row in rows.values()):
+            sys.exit(f"{f}: no step counts in it (written before bench.py pool existed); rerun that table1")
+    head = (f"# Table 1, {len(runs)} runs pooled\n\n{time.strftime('%Y-%m-%d %H:%M')}; the median over the prompts "
+            f"of all runs; step statistics summed over their steps.\nCommand: python bench.py pool {' '.join(sys.argv[2:])}")
+    save(pool(runs), Path(a.out), head)
+
+
 def bench_analysis(a):
     """Section 4.2: at every position of the AR output where the kappa-gram recurs, what would
     the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
@@ -774,6 +816,9 @@ def main():
     p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=switchsd.QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
     common(p, 8, 128)
+    p = sub.add_parser("pool", help="one Table 1 from several table1 runs' JSON (their prompts pooled)")
+    p.add_argument("runs", nargs="+", help="table1_*.json files of runs over different prompts")
+    p.add_argument("--out", default="runs/table1_pooled", help="path of the .md and .json, without suffix")
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
@@ -812,7 +857,7 @@ def main():
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
-     "probe-cost": bench_probe_cost, "passes": bench_passes}[a.cmd](a)
+     "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))
 

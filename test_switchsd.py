@@ -227,37 +227,50 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
         node += len(c)
 
 
-def test_int8_weights(tiny, tmp_path):
-    """Int8Linear computes x @ (s * Q).T at any width (a draft step's few rows in bf16, whatever
-    x's dtype), keeps each row within half a step (s / 2) of W, and its rows() cut is those rows;
-    a quantized model is the model with every Linear's weight replaced by s * Q (biases and the
-    embedding as they were), exactly on its float32 dequantizing branch."""
+def test_int8_weights(tiny, monkeypatch):
+    """Int8Linear keeps each weight within half a step (s / 2) of W and, on a CPU, rounds each
+    row of x to a * X with its own a, then computes a * (X @ Q.T) * s with exact integer
+    products: a row's result is the same whatever rows come with it (a draft step's one row,
+    a catch-up's few, a prefill's many). Its rows() cut is those rows; a quantized model has
+    every Linear replaced (biases and the embedding as they were) and stays near the model."""
     model, folder = tiny
-    lin = model.model.layers[0].mlp.gate_proj
+    lin = model.model.layers[0].self_attn.q_proj  # Qwen-style: it has a bias
     q = llama.Int8Linear.quantize(lin)
     assert q.weight.dtype == torch.int8 and q.scales.shape == (lin.out_features,)
     w = q.weight.float() * q.scales[:, None]
     assert ((w - lin.weight).abs() <= q.scales[:, None] / 2 + 1e-7).all()
-    x = torch.randn(5, lin.in_features)
-    bf = lambda t: t.bfloat16().float()  # the fused kernel's input and output rounding
-    torch.testing.assert_close(q(x), bf(bf(x) @ w.T), rtol=1e-2, atol=1e-3)
-    torch.testing.assert_close(q(x[:1]), bf(bf(x[:1]) @ w.T), rtol=1e-2, atol=1e-3)
-    wide = torch.randn(80, lin.in_features)  # a prefill's width: the dequantizing branch, in x's dtype
-    torch.testing.assert_close(q(wide), wide @ w.T, rtol=1e-5, atol=1e-5)
+    x = torch.randn(80, lin.in_features, generator=torch.Generator().manual_seed(3))
+    a = x.abs().amax(1, keepdim=True) / 127
+    X = (x / a).round()
+    ref = (X.double() @ q.weight.double().T) * a.double() * q.scales.double() + lin.bias.double()
+    y = q(x)
+    torch.testing.assert_close(y, ref.float(), rtol=1e-6, atol=1e-6)
+    for T in (1, 2, 7, 20):  # rows alone or together: bit for bit
+        assert torch.equal(q(x[:T]), y[:T]) and torch.equal(q(x[T:T + 1]), y[T:T + 1])
+    # and it stays within the two roundings' reach: |x - aX| <= a / 2, |W - sQ| <= s / 2
+    err, reach = (y - lin(x)).abs(), a / 2 * w.abs().sum(1) + x.abs() @ lin.weight.new_ones(lin.weight.T.shape) * q.scales / 2
+    assert err.max() > 1e-4 and (err <= reach + 1e-5).all()
+    assert q(x.bfloat16()).dtype == torch.bfloat16
     ids = torch.tensor([3, 0, 7])
-    torch.testing.assert_close(q.rows(ids)(x), q(x)[:, ids])
+    torch.testing.assert_close(q.rows(ids)(x), y[:, ids])
     torch.testing.assert_close(lin.rows(ids)(x), lin(x)[:, ids])
     m8 = llama.Model.from_pretrained(folder, torch.float32, int8=True)
     assert m8.dtype == torch.float32 and not any(isinstance(m, llama.Linear) for m in m8.modules())
+    assert sum(isinstance(m, llama.Int8Linear) for m in m8.modules()) == 7 * model.args.n_layers + 1
+    # The same model as float32 products of the rounded rows and weights: (a X) @ (s Q).T
     deq = llama.Model.from_pretrained(folder, torch.float32)
     for m in deq.modules():
         if isinstance(m, llama.Linear):  # a new Parameter: a tied embedding keeps its own
             q = llama.Int8Linear.quantize(m)
             m.weight = torch.nn.Parameter(q.weight.float() * q.scales[:, None], requires_grad=False)
-    # 80 tokens in one pass: the dequantizing branch, exact in float32 (the kernel is checked above)
-    ids = torch.randint(0, 200, (80,), generator=torch.Generator().manual_seed(4)).tolist()
-    got, ref = full_logits(m8, ids), full_logits(deq, ids)
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-3)
+    ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    got = full_logits(m8, ids)
+    with monkeypatch.context() as mp:
+        def rounded_rows(self, x):
+            a = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+            return torch.nn.functional.linear((x / a).round() * a, self.weight, self.bias)
+        mp.setattr(llama.Linear, "forward", rounded_rows)
+        torch.testing.assert_close(got, full_logits(deq, ids), rtol=1e-4, atol=1e-3)
     assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
 
 
@@ -1163,6 +1176,46 @@ def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     assert rows["PLD"]["decode_speedup"] == pytest.approx(3.0)
     assert rows["HF-PLD"]["decode_speedups"] == [1.5]
     assert all(not v for v in seconds.values())  # every method ran in both rounds
+
+
+def test_bench_pool_equals_one_run_over_all_prompts(monkeypatch, tmp_path):
+    """`bench.py pool` over a run on prompt 1 and a run on prompts 2-3 gives the table of one
+    run over all three: the same medians, step statistics and agreement counts."""
+    import bench
+
+    class Setup:
+        tok = type("Tok", (), {"prompt_ids": staticmethod(lambda text: [len(text)])})
+
+        def run(self, name, ids, max_new):
+            n = ids[0]  # each prompt its own speed, output and copy steps
+            steps = [switchsd.Step("copy" if name == "PLD" and i % 2 else "ar", 3, i % 3, 0.0) for i in range(n + 1)]
+            sec = n if name == "AR" else n / (1 + n % 3)
+            return switchsd.Result(ids, list(range(n + 3)), steps, seconds=sec, prefill_seconds=0.1)
+
+    prompts = ["a", "bb", "cccc"]
+    monkeypatch.setattr(bench, "task_prompts", lambda task, n: prompts[bench.SKIP:bench.SKIP + n])
+    run = lambda skip, n: (monkeypatch.setattr(bench, "SKIP", skip),
+                           bench.side_by_side(Setup(), ["PLD"], ["humaneval", "cnndm"], n, 8))[1]
+    whole, parts = run(0, 3), [run(0, 1), run(1, 2)]
+    files = []
+    for i, part in enumerate(parts):
+        files.append(tmp_path / f"r{i}.json")
+        files[-1].write_text(json.dumps(part))
+    monkeypatch.setattr(sys, "argv", ["bench.py", "pool", *map(str, files), "--out", str(tmp_path / "pooled")])
+    bench.main()
+    pooled = json.loads((tmp_path / "pooled.json").read_text())
+    assert pooled["cnndm"]["PLD"]["speedups"] == [2.0, 3.0, 2.0]
+    for task in whole:
+        for m, row in whole[task].items():
+            for k, v in row.items():
+                # (rel: the saved per-prompt figures are rounded to 3 decimals)
+                assert pooled[task][m][k] == (pytest.approx(v, rel=1e-3) if isinstance(v, float) else v), (task, m, k)
+    old = tmp_path / "old.json"  # a run saved before the counts: refused, not pooled wrongly
+    old.write_text(json.dumps({t: {m: {k: v for k, v in r.items() if k != "counts"} for m, r in rows.items()}
+                               for t, rows in parts[0].items()}))
+    monkeypatch.setattr(sys, "argv", ["bench.py", "pool", str(old), str(files[1])])
+    with pytest.raises(SystemExit, match="old.json: no step counts"):
+        bench.main()
 
 
 def test_bench_quick_smoke_run(tmp_path):
