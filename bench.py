@@ -223,32 +223,37 @@ def row_of(res) -> tuple[list, dict]:
                             "copy_zero": sum(x.accepted == 0 for x in copy)}
 
 
-def aggregate(rows: list[dict]) -> dict:
-    """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
-    accepted length, copy activation and copy run pooled over all steps."""
-    f = sum(r["forwards"] for r in rows)
-    c = sum(r["copy_steps"] for r in rows)
-    t = sum(r["tokens"] for r in rows)
-    return {"tps": statistics.median(r["tps"] for r in rows),
-            "speedup": statistics.median(r["speedup"] for r in rows),
-            "decode_speedup": statistics.median(d) if (d := [r["decode_speedup"] for r in rows
-                                                              if r["decode_speedup"]]) else None,
-            "mean_accepted": t / f if f else None,  # None: transformers' rows
+COUNTS = ("tokens", "forwards", "copy_steps", "copy_accepted", "copy_zero")
+
+
+def step_stats(n: dict) -> dict:
+    """Mean accepted length, copy activation and copy run from step counts summed over prompts."""
+    f, c, t = n["forwards"], n["copy_steps"], n["tokens"]
+    return {"mean_accepted": t / f if f else None,  # None: transformers' rows
             "copy_rate": c / f if f else None,
             # per output token too: a method that needs fewer forwards has a higher copy share
             # for the same number of copy attempts
             "copy_per_100": 100 * c / t if t and f else None,
-            "copy_run": sum(r["copy_accepted"] for r in rows) / c if c else None,
-            "copy_tax": sum(r["copy_zero"] for r in rows) / c if c else None,
+            "copy_run": n["copy_accepted"] / c if c else None,
+            "copy_tax": n["copy_zero"] / c if c else None}
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
+    accepted length, copy activation and copy run pooled over all steps."""
+    n = {k: sum(r[k] for r in rows) for k in COUNTS}
+    return {"tps": statistics.median(r["tps"] for r in rows),
+            "speedup": statistics.median(r["speedup"] for r in rows),
+            "decode_speedup": statistics.median(d) if (d := [r["decode_speedup"] for r in rows
+                                                              if r["decode_speedup"]]) else None,
+            **step_stats(n),
             # per prompt, for the reader's own statistics: the speedup, and tokens/s in each round
             "speedups": [round(r["speedup"], 3) for r in rows],
             "decode_speedups": [r["decode_speedup"] and round(r["decode_speedup"], 3) for r in rows],
             "round_tps": [r["rounds"] for r in rows],
             "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
             "ties": sum(r["agree"] == "tie" for r in rows),
-            # the sums behind the step statistics, so that `bench.py pool` can merge runs exactly
-            "counts": {k: sum(r[k] for r in rows) for k in ("tokens", "forwards", "copy_steps",
-                                                            "copy_accepted", "copy_zero")}}
+            "counts": n}  # the sums behind step_stats, so that `bench.py pool` can merge runs exactly
 
 
 def pool(runs: list[dict]) -> dict:
@@ -260,19 +265,15 @@ def pool(runs: list[dict]) -> dict:
         out[task] = {}
         for m in runs[0][task]:
             got = [r[task][m] for r in runs if m in r.get(task, {})]
-            n = {k: sum(g["counts"][k] for g in got) for k in got[0]["counts"]}
-            sp = sum((g["speedups"] for g in got), [])
-            dec = [d for g in got for d in g["decode_speedups"] if d]
-            f, c, t = n["forwards"], n["copy_steps"], n["tokens"]
+            n = {k: sum(g["counts"][k] for g in got) for k in COUNTS}
+            sp, dec = sum((g["speedups"] for g in got), []), sum((g["decode_speedups"] for g in got), [])
             agree = [tuple(map(int, g["agreement"].split("/"))) for g in got]
             out[task][m] = {
                 "tps": statistics.median(max(r) for g in got for r in g["round_tps"]),  # each prompt's fastest
-                "speedup": statistics.median(sp), "decode_speedup": statistics.median(dec) if dec else None,
-                "mean_accepted": t / f if f else None, "copy_rate": c / f if f else None,
-                "copy_per_100": 100 * c / t if t and f else None,
-                "copy_run": n["copy_accepted"] / c if c else None, "copy_tax": n["copy_zero"] / c if c else None,
-                "speedups": sp, "decode_speedups": sum((g["decode_speedups"] for g in got), []),
-                "round_tps": sum((g["round_tps"] for g in got), []),
+                "speedup": statistics.median(sp),
+                "decode_speedup": statistics.median(d) if (d := [x for x in dec if x]) else None,
+                **step_stats(n),
+                "speedups": sp, "decode_speedups": dec, "round_tps": sum((g["round_tps"] for g in got), []),
                 "agreement": f"{sum(a for a, _ in agree)}/{sum(b for _, b in agree)}",
                 "ties": sum(g["ties"] for g in got), "counts": n}
     return out
