@@ -238,14 +238,18 @@ def step_stats(n: dict) -> dict:
             "copy_tax": n["copy_zero"] / c if c else None}
 
 
+def median_given(xs):
+    """The median of the figures that exist (a run too short for a decode speed has None)."""
+    return statistics.median(d) if (d := [x for x in xs if x]) else None
+
+
 def aggregate(rows: list[dict]) -> dict:
     """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
     accepted length, copy activation and copy run pooled over all steps."""
     n = {k: sum(r[k] for r in rows) for k in COUNTS}
     return {"tps": statistics.median(r["tps"] for r in rows),
             "speedup": statistics.median(r["speedup"] for r in rows),
-            "decode_speedup": statistics.median(d) if (d := [r["decode_speedup"] for r in rows
-                                                              if r["decode_speedup"]]) else None,
+            "decode_speedup": median_given([r["decode_speedup"] for r in rows]),
             **step_stats(n),
             # per prompt, for the reader's own statistics: the speedup, and tokens/s in each round
             "speedups": [round(r["speedup"], 3) for r in rows],
@@ -271,7 +275,7 @@ def pool(runs: list[dict]) -> dict:
             out[task][m] = {
                 "tps": statistics.median(max(r) for g in got for r in g["round_tps"]),  # each prompt's fastest
                 "speedup": statistics.median(sp),
-                "decode_speedup": statistics.median(d) if (d := [x for x in dec if x]) else None,
+                "decode_speedup": median_given(dec),
                 **step_stats(n),
                 "speedups": sp, "decode_speedups": dec, "round_tps": sum((g["round_tps"] for g in got), []),
                 "agreement": f"{sum(a for a, _ in agree)}/{sum(b for _, b in agree)}",

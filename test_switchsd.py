@@ -231,8 +231,8 @@ def test_int8_weights(tiny, monkeypatch):
     """Int8Linear keeps each weight within half a step (s / 2) of W and, on a CPU, rounds each
     row of x to a * X with its own a, then computes a * (X @ Q.T) * s with exact integer
     products: a row's result is the same whatever rows come with it (a draft step's one row,
-    a catch-up's few, a prefill's many). Its rows() cut is those rows; a quantized model has
-    every Linear replaced (biases and the embedding as they were) and stays near the model."""
+    a catch-up's few, a prefill's many). Its rows() cut is those rows; a quantized model is the
+    model with those two roundings at every Linear (biases and the embedding as they were)."""
     model, folder = tiny
     lin = model.model.layers[0].self_attn.q_proj  # Qwen-style: it has a bias
     q = llama.Int8Linear.quantize(lin)
@@ -248,7 +248,7 @@ def test_int8_weights(tiny, monkeypatch):
     for T in (1, 2, 7, 20):  # rows alone or together: bit for bit
         assert torch.equal(q(x[:T]), y[:T]) and torch.equal(q(x[T:T + 1]), y[T:T + 1])
     # and it stays within the two roundings' reach: |x - aX| <= a / 2, |W - sQ| <= s / 2
-    err, reach = (y - lin(x)).abs(), a / 2 * w.abs().sum(1) + x.abs() @ lin.weight.new_ones(lin.weight.T.shape) * q.scales / 2
+    err, reach = (y - lin(x)).abs(), a / 2 * w.abs().sum(1) + x.abs().sum(1, keepdim=True) * q.scales / 2
     assert err.max() > 1e-4 and (err <= reach + 1e-5).all()
     assert q(x.bfloat16()).dtype == torch.bfloat16
     ids = torch.tensor([3, 0, 7])
