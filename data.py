@@ -507,6 +507,26 @@ def copy_labels(ids, start: int, kappa: int = 5) -> np.ndarray:
     return (np.cumsum(cover)[start:n] > 0).astype(np.uint8)
 
 
+def surface_scores(ids, start: int, longest: int = 8) -> np.ndarray:
+    """A past-only, surface baseline for Y_j (tokens ids[start:]): the length of the longest
+    suffix ending at token j that occurred earlier in ids, capped at `longest`. It reads no
+    hidden state, so a probe that ranks Y no better than it has learned no more than n-gram
+    matching. A score >= kappa is SwitchSD's kappa-gram condition, and it implies Y_j = 1
+    (that kappa-gram is itself a repeat of kappa tokens containing j)."""
+    seen = [set() for _ in range(longest + 1)]  # seen[L]: the L-grams ending before j
+    out = np.zeros(max(0, len(ids) - start), dtype=np.int64)
+    for j in range(len(ids)):
+        m = 0
+        for L in range(1, min(longest, j + 1) + 1):
+            g = tuple(ids[j - L + 1:j + 1])
+            if m == L - 1 and g in seen[L]:
+                m = L
+            seen[L].add(g)
+        if j >= start:
+            out[j - start] = m
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Completions: the target's own greedy answers, stored as token ids
 # ---------------------------------------------------------------------------------------

@@ -132,6 +132,13 @@ def best_threshold(s, y):
     return float(s_sorted[i]), float(f1[i])
 
 
+def surface_report(surface, y, kappa: int) -> dict:
+    """What the tokens alone tell (data.surface_scores): the surface score's AUC, and the
+    kappa-gram condition (score >= kappa) as a classifier, the gate's other half."""
+    return {"surface_auc": roc_auc(surface, y),
+            **{f"kgram_{k}": v for k, v in prf(surface, y, kappa).items()}}
+
+
 def places(y, starts) -> np.ndarray:
     """Where each token sits relative to the runs of Y = 1 in its completion (starts: the
     first row of each completion). Y = 1: its index in the run (0 = the run's first token);
@@ -284,16 +291,24 @@ def cmd_train(a):
     report, weights = train_layers(work / "features", l2=a.l2)
     t3 = time.time()
     best = select(report)
+    test = [done[p["id"]] for p in prompts if p["split"] == "test"]
+    sy = [(data.surface_scores(ids, len(r["prompt_ids"])), data.copy_labels(ids, len(r["prompt_ids"]), a.kappa))
+          for r in test for ids in [r["prompt_ids"] + r["output_ids"]]]
+    surface = surface_report(*(np.concatenate(v) for v in zip(*sy)), a.kappa) if sy else {}
     probe = Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], a.kappa,
                   {**identity(model, name), "val_f1": best["val_f1"], "val_auc": best["val_auc"],
                    "test_f1": best["test_f1"], "test_auc": best["test_auc"]})
     probe.save(a.out)
-    report.update(selected=best, seconds={"completions": t1 - t0, "features": t2 - t1,
+    report.update(selected=best, surface_test=surface, seconds={"completions": t1 - t0, "features": t2 - t1,
                                           "probes": t3 - t2, "total": t3 - t0})
     (work / "report.json").write_text(json.dumps(report, indent=1))
-    draw(report, work, model, tok, probe, [done[p["id"]] for p in prompts if p["split"] == "test"])
+    draw(report, work, model, tok, probe, test)
     print(f"layer {best['layer']} of {model.args.n_layers}, tau {best['tau']:.3f}: val F1 {best['val_f1']:.3f} "
           f"AUC {best['val_auc']:.4f}; test F1 {best['test_f1']:.3f} AUC {best['test_auc']:.4f} -> {a.out}")
+    if surface:
+        print(f"no hidden state, on the same test tokens: surface AUC {surface['surface_auc']:.4f}; "
+              f"kappa-gram alone P {surface['kgram_precision']:.3f} R {surface['kgram_recall']:.3f} "
+              f"F1 {surface['kgram_f1']:.3f}")
     print(f"wall time: completions {t1 - t0:.0f}s, features {t2 - t1:.0f}s, probes {t3 - t2:.0f}s")
 
 
@@ -442,7 +457,7 @@ def cmd_eval(a):
     model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
     probe = Probe.load(a.probe, model)
-    s_all, y_all = [], []
+    s_all, y_all, surf = [], [], []
     for row in data.read_prompts(a.prompts):
         ids = tok.prompt_ids(row["prompt"])
         res = switchsd.generate(model, ids, "copy", CopyDrafter(probe.kappa), max_new_tokens=a.max_new_tokens,
@@ -450,8 +465,10 @@ def cmd_eval(a):
         full = ids + res.output_ids
         s_all.append(teacher_forced_scores(model, probe, full)[len(ids):])
         y_all.append(data.copy_labels(full, len(ids), probe.kappa))
+        surf.append(data.surface_scores(full, len(ids)))
     s, y = np.concatenate(s_all), np.concatenate(y_all)
-    out = {**prf(s, y, probe.tau), "auc": roc_auc(s, y), "tokens": int(len(y)), "positives": int(y.sum())}
+    out = {**prf(s, y, probe.tau), "auc": roc_auc(s, y), "tokens": int(len(y)), "positives": int(y.sum()),
+           **surface_report(np.concatenate(surf), y, probe.kappa)}
     if a.json:
         print(json.dumps(out))
     else:

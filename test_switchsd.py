@@ -862,6 +862,25 @@ def test_copy_labels_match_brute_force():
         assert data.copy_labels(ids, start, kappa).tolist() == brute_labels(ids, start, kappa)
 
 
+def test_surface_scores_match_brute_force_and_imply_the_label():
+    """The longest earlier-occurring suffix ending at j, checked by search; a score >= kappa
+    (the kappa-gram condition) always lies inside a labelled copy span."""
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randrange(1, 40)
+        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
+        start, kappa, longest = rng.randrange(n), rng.randrange(1, 6), rng.randrange(1, 9)
+        want = [max([L for L in range(1, min(longest, j + 1) + 1)
+                     if any(ids[a:a + L] == ids[j - L + 1:j + 1] for a in range(j - L + 1))], default=0)
+                for j in range(start, n)]
+        got = data.surface_scores(ids, start, longest)
+        assert got.tolist() == want
+        if kappa <= longest:
+            assert (data.copy_labels(ids, start, kappa)[got >= kappa] == 1).all()
+    r = probe_mod.surface_report(np.array([0, 1, 5, 6]), np.array([0, 1, 1, 1]), 5)
+    assert r["surface_auc"] == 1.0 and r["kgram_precision"] == 1.0 and r["kgram_recall"] == pytest.approx(2 / 3)
+
+
 def test_trainer_recovers_a_planted_direction():
     g = torch.Generator().manual_seed(0)
     w_true = torch.randn(48, generator=g)
@@ -1364,4 +1383,5 @@ def test_probe_eval_command(tiny, tmp_path):
                         "--max-new-tokens", "10", "--json"], capture_output=True, text=True, cwd=HERE, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert set(out) == {"precision", "recall", "f1", "auc", "tokens", "positives"} and out["tokens"] > 0
+    assert set(out) == {"precision", "recall", "f1", "auc", "tokens", "positives", "surface_auc",
+                        "kgram_precision", "kgram_recall", "kgram_f1"} and out["tokens"] > 0
