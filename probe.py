@@ -292,9 +292,12 @@ def cmd_train(a):
     t3 = time.time()
     best = select(report)
     test = [done[p["id"]] for p in prompts if p["split"] == "test"]
-    sy = [(data.surface_scores(ids, len(r["prompt_ids"])), data.copy_labels(ids, len(r["prompt_ids"]), a.kappa))
-          for r in test for ids in [r["prompt_ids"] + r["output_ids"]]]
-    surface = surface_report(*(np.concatenate(v) for v in zip(*sy)), a.kappa) if sy else {}
+    surf, ys = [], []  # the surface baseline on the same test tokens
+    for r in test:
+        ids, P = r["prompt_ids"] + r["output_ids"], len(r["prompt_ids"])
+        surf.append(data.surface_scores(ids, P, max(8, a.kappa)))
+        ys.append(data.copy_labels(ids, P, a.kappa))
+    surface = surface_report(np.concatenate(surf), np.concatenate(ys), a.kappa) if test else {}
     probe = Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], a.kappa,
                   {**identity(model, name), "val_f1": best["val_f1"], "val_auc": best["val_auc"],
                    "test_f1": best["test_f1"], "test_auc": best["test_auc"]})
@@ -465,7 +468,7 @@ def cmd_eval(a):
         full = ids + res.output_ids
         s_all.append(teacher_forced_scores(model, probe, full)[len(ids):])
         y_all.append(data.copy_labels(full, len(ids), probe.kappa))
-        surf.append(data.surface_scores(full, len(ids)))
+        surf.append(data.surface_scores(full, len(ids), max(8, probe.kappa)))
     s, y = np.concatenate(s_all), np.concatenate(y_all)
     out = {**prf(s, y, probe.tau), "auc": roc_auc(s, y), "tokens": int(len(y)), "positives": int(y.sum()),
            **surface_report(np.concatenate(surf), y, probe.kappa)}
