@@ -243,43 +243,43 @@ def median_given(xs):
     return statistics.median(d) if (d := [x for x in xs if x]) else None
 
 
-def aggregate(rows: list[dict]) -> dict:
-    """Per-method figures over prompts: median tokens/s and median per-prompt speedup; mean
-    accepted length, copy activation and copy run pooled over all steps."""
-    n = {k: sum(r[k] for r in rows) for k in COUNTS}
-    return {"tps": statistics.median(r["tps"] for r in rows),
-            "speedup": statistics.median(r["speedup"] for r in rows),
-            "decode_speedup": median_given([r["decode_speedup"] for r in rows]),
+def summary(n: dict, tps, speedups, decode_speedups, round_tps, agree: int, ties: int) -> dict:
+    """One method's figures over prompts: median tokens/s and median per-prompt speedup; mean
+    accepted length, copy activation and copy run from the step counts n summed over prompts;
+    agree of the len(speedups) prompts matched AR (or parted at a near-tie)."""
+    return {"tps": statistics.median(tps),
+            "speedup": statistics.median(speedups),
+            "decode_speedup": median_given(decode_speedups),
             **step_stats(n),
             # per prompt, for the reader's own statistics: the speedup, and tokens/s in each round
-            "speedups": [round(r["speedup"], 3) for r in rows],
-            "decode_speedups": [r["decode_speedup"] and round(r["decode_speedup"], 3) for r in rows],
-            "round_tps": [r["rounds"] for r in rows],
-            "agreement": f"{sum(r['agree'] != 'DIFF' for r in rows)}/{len(rows)}",
-            "ties": sum(r["agree"] == "tie" for r in rows),
+            "speedups": [round(x, 3) for x in speedups],
+            "decode_speedups": [x and round(x, 3) for x in decode_speedups],
+            "round_tps": round_tps,
+            "agreement": f"{agree}/{len(speedups)}",
+            "ties": ties,
             "counts": n}  # the sums behind step_stats, so that `bench.py pool` can merge runs exactly
 
 
+def aggregate(rows: list[dict]) -> dict:
+    return summary({k: sum(r[k] for r in rows) for k in COUNTS}, [r["tps"] for r in rows],
+                   [r["speedup"] for r in rows], [r["decode_speedup"] for r in rows], [r["rounds"] for r in rows],
+                   sum(r["agree"] != "DIFF" for r in rows), sum(r["agree"] == "tie" for r in rows))
+
+
 def pool(runs: list[dict]) -> dict:
-    """Several side_by_side results over different prompts as one: per-prompt speedups
-    concatenated (medians retaken), step statistics from the summed counts, agreements added.
-    A method missing from some runs is pooled over the runs that have it."""
+    """Several side_by_side results over different prompts as one: per-prompt figures
+    concatenated (medians retaken), step counts and agreements added. A method missing from
+    some runs is pooled over the runs that have it."""
     out = {}
     for task in runs[0]:
         out[task] = {}
         for m in runs[0][task]:
             got = [r[task][m] for r in runs if m in r.get(task, {})]
-            n = {k: sum(g["counts"][k] for g in got) for k in COUNTS}
-            sp, dec = sum((g["speedups"] for g in got), []), sum((g["decode_speedups"] for g in got), [])
-            agree = [tuple(map(int, g["agreement"].split("/"))) for g in got]
-            out[task][m] = {
-                "tps": statistics.median(max(r) for g in got for r in g["round_tps"]),  # each prompt's fastest
-                "speedup": statistics.median(sp),
-                "decode_speedup": median_given(dec),
-                **step_stats(n),
-                "speedups": sp, "decode_speedups": dec, "round_tps": sum((g["round_tps"] for g in got), []),
-                "agreement": f"{sum(a for a, _ in agree)}/{sum(b for _, b in agree)}",
-                "ties": sum(g["ties"] for g in got), "counts": n}
+            join = lambda key: sum((g[key] for g in got), [])
+            out[task][m] = summary({k: sum(g["counts"][k] for g in got) for k in COUNTS},
+                                   [max(r) for r in join("round_tps")],  # each prompt's fastest round
+                                   join("speedups"), join("decode_speedups"), join("round_tps"),
+                                   sum(int(g["agreement"].split("/")[0]) for g in got), sum(g["ties"] for g in got))
     return out
 
 
