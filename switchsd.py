@@ -308,7 +308,7 @@ METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "swit
 # (greedy), the drafter's choices per depth, runners-up verified as leaves (topk 1 = the
 # papers' plain chain).
 DRAFTER = {"sps": {"gamma": 6, "threshold": 0.7, "topk": 2},
-           "eagle3": {"gamma": 4, "threshold": 0.5, "topk": 2}}
+           "eagle3": {"gamma": 4, "threshold": 0.7, "topk": 2}}
 # The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
 # (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
 SPS_VOCAB = 65536
