@@ -560,7 +560,8 @@ def bench_table1(a):
         configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", heads[0]), ("smollm2-135m", None, heads[1])]
     n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
     for model, draft, eagle in configs:
-        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype, quant=a.draft_quant)
+        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype, quant=a.draft_quant,
+                  threshold=a.draft_threshold)
         methods = table1_methods(draft, eagle, s.probe)
         hf = {}
         if a.hf:
@@ -572,7 +573,7 @@ def bench_table1(a):
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
         name = Path(model).name
         opts = lambda kind: (f"gamma {switchsd.drafter_option(kind, 'gamma', s.gamma)}, "
-                             f"early stop q < {switchsd.drafter_option(kind, 'threshold', None)}, top-k "
+                             f"early stop q < {switchsd.drafter_option(kind, 'threshold', s.threshold)}, top-k "
                              f"{switchsd.drafter_option(kind, 'topk', s.topk)}")
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {dtype_name(s.dtype)}, "
@@ -818,6 +819,8 @@ def main():
     p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
+    p.add_argument("--draft-threshold", type=float,
+                   help="the drafters' early stop, q below it (0 = never; default: each drafter's own)")
     p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=switchsd.QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
     common(p, 8, 128)
