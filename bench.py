@@ -1,4 +1,4 @@
-"""Benchmarks: every figure in the README comes from one of these commands.
+"""Benchmarks: every figure in docs/results.md and docs/performance.md comes from one of these.
 
     python bench.py ar                      # our autoregressive decoding vs transformers
     python bench.py parity                  # greedy output of llama.py vs transformers
@@ -27,16 +27,21 @@ import math
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+import data
+import figures
 import llama
 import switchsd
-from drafters import CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Head, PromptLookup
+from drafters import (QUANTS, CopyConfig, CopyDrafter, DraftModel, Eagle3, Eagle3Config, Eagle3Head, SPSConfig,
+                      acceptance_length, common_prefix)
 from fetch import resolve
-from probe import Probe
+from probe import teacher_forced_scores
+from switchsd import Probe, given
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent / "shared" / "data"
@@ -98,10 +103,11 @@ def log(msg):
 # ---------------------------------------------------------------------------------------
 
 class Setup:
-    """A target, its tokenizer, and the drafters and probe the methods may use."""
+    """A target, its tokenizer, and the drafters and probe the methods may use. gamma, topk
+    and threshold set both neural drafters' options; None leaves each drafter's default."""
 
-    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=4, topk=None,
-                 dtype="auto", threshold=None, quant=switchsd.SPS_QUANT):
+    def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=CopyConfig.width,
+                 topk=None, dtype="auto", threshold=None, quant=SPSConfig.quant):
         self.name = model_name
         folder = resolve(model_name)
         self.dtype = switchsd.dtype_of(dtype)
@@ -110,7 +116,7 @@ class Setup:
         self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
         self.draft_folder, self.quant, self.drafts = draft and resolve(draft), quant, {}
         self.head = Eagle3Head.load(eagle, self.model) if eagle else None
-        path = probe or HERE / "probes" / f"{Path(model_name).name}.safetensors"
+        path = probe or switchsd.shipped_probe(model_name)
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
     def draft(self, quant=None) -> llama.Model:
@@ -118,19 +124,14 @@ class Setup:
         loaded on first use."""
         quant = quant or self.quant
         if quant not in self.drafts:
-            self.drafts[quant] = llama.Model.from_pretrained(self.draft_folder, self.dtype, int8=quant == "int8")
+            self.drafts[quant] = switchsd.load_draft(self.draft_folder, self.model, self.tok, self.dtype, "cpu", quant)
         return self.drafts[quant]
 
-    def neural(self, kind, gamma=None, topk=None, threshold=None, vocab=None, quant=None):
-        """A fresh drafter; options not given are the Setup's, else the drafter's defaults."""
-        if kind is None:
-            return None
-        g = switchsd.drafter_option(kind, "gamma", gamma or self.gamma)
-        t = switchsd.drafter_option(kind, "threshold", self.threshold if threshold is None else threshold)
-        k = switchsd.drafter_option(kind, "topk", topk or self.topk)
-        if kind == "sps":
-            return DraftModel(self.draft(quant), g, t, switchsd.SPS_VOCAB if vocab is None else vocab, k)
-        return Eagle3(self.head, self.model, g, k, t)
+    def configs(self, gamma=None, topk=None, threshold=None, vocab=None, quant=None):
+        """(SPSConfig, Eagle3Config): the options given, else the Setup's, else the defaults."""
+        kw = dict(gamma=gamma or self.gamma, topk=topk or self.topk,
+                  threshold=self.threshold if threshold is None else threshold)
+        return given(SPSConfig(), vocab=vocab, quant=quant or self.quant, **kw), given(Eagle3Config(), **kw)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
             kappa=None, tau=None, vocab=None, quant=None):
@@ -138,16 +139,16 @@ class Setup:
         override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's)."""
         base, _, fam = method.partition("[")
         fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
-        k = kappa or (self.probe.kappa if self.probe else 5)
-        probe = self.probe if tau is None else dataclasses.replace(self.probe, tau=tau)
-        copier = {"PLD": PromptLookup(), "CopySpec": CopySpec(),
-                  "copy": CopyDrafter(k, width or self.width), "BanditSpec": CopyDrafter(k, width or self.width),
-                  "SwitchSD": CopyDrafter(k, width or self.width)}.get(base)
-        neural = self.neural({"SPS": "sps", "EAGLE3": "eagle3"}.get(base, fam), gamma, topk, threshold, vocab, quant)
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
-        return switchsd.generate(self.model, ids, kind, copier, neural,
-                                 probe if kind == "switchsd" else None,
+        fam = {"sps": "sps", "eagle3": "eagle3"}.get(kind, fam)
+        sps, eagle = self.configs(gamma, topk, threshold, vocab, quant)
+        copy = given(CopyConfig(), kappa=kappa or (self.probe.kappa if self.probe else None), width=width or self.width)
+        copier, neural = switchsd.make_drafters(
+            kind, self.model, copy=copy, sps=sps, eagle=eagle, head=self.head if fam == "eagle3" else None,
+            draft=self.draft(sps.quant) if fam == "sps" else None)
+        probe = self.probe if tau is None else dataclasses.replace(self.probe, tau=tau)
+        return switchsd.generate(self.model, ids, kind, copier, neural, probe if kind == "switchsd" else None,
                                  max_new_tokens=max_new, stop_ids=self.tok.eos_ids)
 
 
@@ -188,11 +189,7 @@ def agreement(setup, ids, ref, out) -> str:
     i = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
     if i is None:  # one is a prefix of the other: no token to blame on a tie
         return "DIFF"
-    ctx = ids + ref[:i]
-    mask, pos = llama.causal_mask(len(ctx), 0)
-    with torch.inference_mode():
-        logits = setup.model(torch.tensor(ctx), pos, mask, setup.model.new_cache(len(ctx)),
-                             logits_at=slice(-1, None))[0][0]
+    logits = setup.model.forward_sequence(ids + ref[:i], logits_at=slice(-1, None))[0][0]
     a, b = float(logits[ref[i]]), float(logits[out[i]])
     step = 2.0 ** (math.floor(math.log2(max(abs(a), abs(b), 1e-3))) - 7)  # bf16: 8 significant bits
     return "tie" if abs(a - b) <= max(0.25, 2 * step) else "DIFF"
@@ -420,9 +417,8 @@ def bench_parity(a):
                 theirs, _, _ = hf_generate(hf, ids, a.tokens, s.tok.eos_ids)
                 same += ours == theirs
                 if dtype == "float32":
-                    mask, pos = llama.causal_mask(len(ids), 0)
+                    lo = s.model.forward_sequence(ids)[0]
                     with torch.inference_mode():
-                        lo = s.model(torch.tensor(ids), pos, mask, s.model.new_cache(len(ids)))[0]
                         lh = hf(torch.tensor([ids])).logits[0].float()
                     gap = max(gap, float((lo - lh).abs().max()))
             cells.append(f"{same}/{len(prompts)}")
@@ -453,7 +449,7 @@ def bench_neural(a):
     SwitchSD's neural path."""
     s = Setup(a.model, draft=a.draft_model, eagle=a.eagle)
     ts, ks = a.thresholds or [None], a.topk or [None]  # None: each drafter's default
-    vs, ws = a.vocabs or [None], a.quants or [None]  # None: SPS_VOCAB, SPS_QUANT
+    vs, ws = a.vocabs or [None], a.quants or [None]  # None: SPSConfig's defaults
     q = lambda t: f" q>={t}" if len(ts) > 1 else ""
     top = lambda k: f" top-k={k}" if len(ks) > 1 else ""
     v = lambda n: f" vocab={n or 'all'}" if len(vs) > 1 else ""
@@ -466,7 +462,6 @@ def bench_neural(a):
         fams += [(f"SwitchSD[{label}]", f"SwitchSD[{m}]", kw) for label, m, kw in fams]
     res = side_by_side(s, [(f"{f} gamma={g}", m, {**kw, "gamma": g}) for f, m, kw in fams for g in a.gammas],
                        a.tasks, a.prompts, a.tokens, repeats=a.repeats)
-    import figures
     for task in a.tasks:
         figures.line_chart(f"runs/gamma_{Path(a.model).name}_{task}.svg",
                            {f: (a.gammas, [res[task][f"{f} gamma={g}"]["speedup"] for g in a.gammas]) for f, _, _ in fams},
@@ -482,6 +477,8 @@ def bench_gate(a):
     """SwitchSD's gate: kappa (the n-gram that must recur) by tau (the probe's threshold), with
     the baselines it must beat beside it. The probe file's tau maximises F1, not speed."""
     s = Setup(a.model, draft=a.draft_model)
+    if s.probe is None:
+        sys.exit(f"{a.model}: the gate needs a probe (probes/<name>.safetensors)")
     taus = a.taus or [s.probe.tau]
     W = lambda w: f" W={w}" if len(a.widths) > 1 else ""
     sw = [(f"SwitchSD[SPS] kappa={k} tau={t:.2f}{W(w)}", "SwitchSD[SPS]",
@@ -490,7 +487,7 @@ def bench_gate(a):
                        repeats=a.repeats)
     save(res, f"runs/gate_{Path(a.model).name}",
          f"# SwitchSD's gate: kappa x tau x W, {a.model} (draft {a.draft_model}, gamma "
-         f"{switchsd.drafter_option('sps', 'gamma', a.gamma)})\n\n"
+         f"{a.gamma or SPSConfig.gamma})\n\n"
          f"{time.strftime('%Y-%m-%d')}, {machine()}, {dtype_name(s.dtype)}, greedy, {a.prompts} prompts per task, {a.tokens} new "
          f"tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
 
@@ -500,9 +497,6 @@ def bench_heads(a):
     draft vocabulary can express at all, the acceptance length the trainer reports
     (teacher-forced on these outputs) and the tokens per forward of live chain drafting.
     Offline and live agree for a correct drafter; both low means a head out of its domain."""
-    import tempfile
-    import data
-    from drafters import acceptance_length, eagle_examples
     s = Setup(a.model, dtype=a.dtype)
     prompts = [(t, s.tok.prompt_ids(p)) for t in a.tasks for p in task_prompts(t, a.prompts)]
     ar = [switchsd.generate(s.model, ids, max_new_tokens=a.tokens, stop_ids=s.tok.eos_ids).output_ids
@@ -514,7 +508,7 @@ def bench_heads(a):
         draft_ids = head.draft_ids().tolist()
         comps, live = [], []
         for (task, ids), out in zip(prompts, ar):
-            res = switchsd.generate(s.model, ids, "eagle3", None, Eagle3(head, s.model, a.gamma, 1),
+            res = switchsd.generate(s.model, ids, "eagle3", None, Eagle3(head, s.model, Eagle3Config(gamma=a.gamma, threshold=0.0, topk=1)),
                                     max_new_tokens=a.tokens, stop_ids=s.tok.eos_ids)
             if agreement(s, ids, out, res.output_ids) == "DIFF":
                 DIFFS.append(f"heads: {Path(path).name} on {task}: output differs from AR beyond a near-tie")
@@ -522,7 +516,7 @@ def bench_heads(a):
             comps.append({"id": f"{task}-{len(comps)}", "split": "val", "prompt_ids": ids, "output_ids": out})
         with tempfile.TemporaryDirectory() as tmp:
             data.eagle_features(s.model, comps, tmp, draft_ids)
-            _, example = eagle_examples(tmp)
+            _, example = data.eagle_examples(tmp)
             examples = [example(i) for i in range(len(comps))]
         f = head.float()
         w = s.model.model.embed_tokens.weight
@@ -542,7 +536,7 @@ def bench_heads(a):
 def table1_methods(draft, eagle, probe) -> list:
     fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
     ms = ["PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec", "copy"] + fams
-    if draft:  # SPS alone drafts best with a longer lookahead (README, "SPS's early stop")
+    if draft:  # SPS alone drafts best with a longer lookahead (docs/results.md)
         ms.insert(ms.index("SPS") + 1, ("SPS gamma=8", "SPS", {"gamma": 8}))
     ms += [f"BanditSpec[{f}]" for f in fams or [""]]
     ms += [f"SwitchSD[{f}]" for f in fams or [""]] if probe else []
@@ -554,7 +548,7 @@ def table1_methods(draft, eagle, probe) -> list:
 def bench_table1(a):
     if a.model:
         configs = [(a.model, a.draft_model, a.eagle)]
-    else:  # the demo heads where they have been trained (README, "Training an EAGLE-3 head")
+    else:  # the demo heads where they have been trained (docs/results.md)
         heads = [HERE / "models" / f"eagle3-{m}" for m in ("qwen2.5-coder-1.5b", "smollm2-135m")]
         heads = [str(h) if h.is_dir() else None for h in heads]
         configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", heads[0]), ("smollm2-135m", None, heads[1])]
@@ -572,21 +566,19 @@ def bench_table1(a):
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
         name = Path(model).name
-        opts = lambda kind: (f"gamma {switchsd.drafter_option(kind, 'gamma', s.gamma)}, "
-                             f"early stop q < {switchsd.drafter_option(kind, 'threshold', s.threshold)}, top-k "
-                             f"{switchsd.drafter_option(kind, 'topk', s.topk)}")
+        opts = lambda c: f"gamma {c.gamma}, early stop q < {c.threshold}, top-k {c.topk}"
+        sps, eagle3 = s.configs()
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {dtype_name(s.dtype)}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
-                f"SPS: {opts('sps')}, draft weights {s.quant}, draft vocabulary ids < "
-                f"{switchsd.SPS_VOCAB} and the context's; EAGLE-3: {opts('eagle3')}; each method's fastest of {a.repeats} interleaved "
+                f"SPS: {opts(sps)}, draft weights {s.quant}, draft vocabulary ids < "
+                f"{sps.vocab} and the context's; EAGLE-3: {opts(eagle3)}; each method's fastest of {a.repeats} interleaved "
                 f"round(s) per prompt; 'after the first step': the speedup in tokens/s once the first tokens are out "
                 f"(the prompt's prefill and the first step left out; bench.decode_tps).\n"
                 f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
-        import figures
         figures.bar_chart(f"{out}.svg", [TASKS[t] for t in a.tasks],
                           {m: [res[t][m]["speedup"] for t in a.tasks] for m in res[a.tasks[0]]},
                           f"Speedup over autoregressive decoding, {name} (median over prompts)",
@@ -609,26 +601,25 @@ def bench_analysis(a):
     """Section 4.2: at every position of the AR output where the kappa-gram recurs, what would
     the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
     accepted length is its agreement with the AR continuation: no extra target pass."""
-    import figures
     s = Setup(a.model, draft=a.draft_model)
-    probe, D, rows = s.probe, 20, []
-    from probe import teacher_forced_scores
+    probe, D, rows = s.probe, CopyConfig.depth, []
     for task in a.tasks:
         for text in task_prompts(task, a.prompts):
             ids = s.tok.prompt_ids(text)
             out = s.run("AR", ids, a.tokens).output_ids
             full = ids + out
             scores = teacher_forced_scores(s.model, probe, full)
-            copier, sps = CopyDrafter(probe.kappa, s.width, D), DraftModel(s.draft(), a.gamma)
+            copier = CopyDrafter(CopyConfig(kappa=probe.kappa, width=s.width, depth=D))
+            sps = DraftModel(s.draft(), SPSConfig(gamma=a.gamma, threshold=0.0, topk=1, vocab=0))
             sps.reset(len(full) + D)
             for i in range(len(ids), len(full) - 1):
                 ctx, truth = full[:i + 1], full[i + 1:]
                 if not copier.matches(ctx):
                     continue
-                copy_len = max(agree(t, truth) for t in copier.propose(ctx, D).paths())
+                copy_len = max(common_prefix(t, truth) for t in copier.propose(ctx, D).paths())
                 neural = sps.propose(ctx, a.gamma, 0.0, 1.0, None).tokens[1:]
                 rows.append({"task": task, "active": bool(scores[i - 1] >= probe.tau),
-                             "copy": copy_len, "neural": agree(neural, truth), "room": min(D, len(truth))})
+                             "copy": copy_len, "neural": common_prefix(neural, truth), "room": min(D, len(truth))})
             log(f"{task}: {len(rows)} positions so far")
     out = Path(f"runs/analysis_{Path(a.model).name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -651,13 +642,6 @@ def bench_analysis(a):
     print(json.dumps(summary, indent=1))
 
 
-def agree(draft, truth) -> int:
-    n = 0
-    while n < len(draft) and n < len(truth) and draft[n] == truth[n]:
-        n += 1
-    return n
-
-
 def bench_prompts(a):
     """Held-out prompts (never seen by a probe) as JSON lines, for probe.py eval."""
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -669,11 +653,9 @@ def bench_prompts(a):
 
 
 def bench_picture(a):
-    """The README's picture of the decode loop: one SwitchSD run, each token coloured by how it
+    """The picture of the decode loop (docs/show_*.svg): one SwitchSD run, each token coloured by how it
     was produced (copied, neural draft, the target's own), and the same text shaded by probe
     score with the true copy spans (Y=1) underlined."""
-    import data
-    import figures
     s = Setup(a.model, draft=a.draft_model)
     text = Path(a.prompt_file).read_text() if a.prompt_file else task_prompts("humaneval", a.index + 1)[a.index]
     ids = s.tok.prompt_ids(text)
@@ -732,7 +714,7 @@ def bench_passes(a):
                 ms[T] = 1e3 * statistics.median(times[1:])
             ctx = ids[:a.context + 1].tolist()
             for N in a.vocabs:  # one SPS draft step (T=1) with the output layer cut to N ids
-                d = DraftModel(model, gamma=1, vocab=N)
+                d = DraftModel(model, SPSConfig(gamma=1, threshold=0.0, topk=1, vocab=N))
                 d.reset(len(ctx))
                 d.propose(ctx, 1, 0.0, 1.0, None)  # prefill; later calls roll back to ctx[:-1]
                 times = []
@@ -792,12 +774,12 @@ def main():
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="stop a draft after a token with q below this (0 = never; default: each drafter's own)")
     p.add_argument("--vocabs", type=int, nargs="+", help="SPS draft vocabularies to sweep (0 = all)")
-    p.add_argument("--quants", nargs="+", choices=switchsd.QUANTS, help="SPS draft weights to sweep")
+    p.add_argument("--quants", nargs="+", choices=QUANTS, help="SPS draft weights to sweep")
     common(p, 2, 128)
     p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--gamma", type=int, help="SPS lookahead (default: switchsd.DRAFTER's)")
+    p.add_argument("--gamma", type=int, help="SPS lookahead (default: drafters.SPSConfig.gamma)")
     p.add_argument("--kappas", type=int, nargs="+", default=[3, 4, 5])
     p.add_argument("--taus", type=float, nargs="+", help="default: the probe file's tau")
     p.add_argument("--widths", type=int, nargs="+", default=[4], help="W: candidates per copy step")
@@ -821,7 +803,7 @@ def main():
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
     p.add_argument("--draft-threshold", type=float,
                    help="the drafters' early stop, q below it (0 = never; default: each drafter's own)")
-    p.add_argument("--draft-quant", default=switchsd.SPS_QUANT, choices=switchsd.QUANTS,
+    p.add_argument("--draft-quant", default=SPSConfig.quant, choices=QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
     common(p, 8, 128)
     p = sub.add_parser("pool", help="one Table 1 from several table1 runs' JSON (their prompts pooled)")
@@ -851,7 +833,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--vocabs", type=int, nargs="*", default=[],
                    help="also time one draft step with the output layer cut to N ids (0 = all)")
-    p.add_argument("--quants", nargs="+", default=["none"], choices=switchsd.QUANTS,
+    p.add_argument("--quants", nargs="+", default=["none"], choices=QUANTS,
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
                    help="the dtypes to time each model in (int8: of its activations)")

@@ -1,10 +1,10 @@
-"""Training data for SwitchSD's copy-intent probe.
+"""The data and its files: copy labels, the probe's prompt set, feature files, ablation sets.
 
 The probe reads the target's hidden state at completion token j and predicts Y_j = 1 iff
 token j lies inside a verbatim span of at least kappa = 5 tokens that occurred earlier in the
-context (prompt + completion so far). For both labels to be common, the target answers prompts
-whose good answers repeat parts of their own context: return the whole edited function,
-convert a table, quote a sentence, restate an equation at each step.
+context (prompt + completion so far): copy_labels, first below. For both labels to be common,
+the target answers prompts whose good answers repeat parts of their own context: return the
+whole edited function, convert a table, quote a sentence, restate an equation at each step.
 
 The prompts are written here: no API call, nothing downloaded, no evaluation benchmark
 (HumanEval, MATH-500, CNN/DailyMail), only material that every machine with Python has:
@@ -16,18 +16,14 @@ The prompts are written here: no API call, nothing downloaded, no evaluation ben
             stdlib module names otherwise
   math      polynomials and equations drawn by the same RNG
 
-Then, for a given target model (probe.py train runs all of it):
+The files made from a target's completions (probe.py makes the completions):
 
-  completions  the target's own greedy answers, as token ids (resumable)
-  labels       Y_j per completion token, by one rolling-hash pass (copy_labels)
   features     every layer's residual stream at every completion token, fp16 memmaps
-  ablations    ConstructedCopy (random tokens with planted repeats) and natural text
   EAGLE-3      the target's fused-layer inputs and top-k logits, to train a head on
+  ablations    ConstructedCopy (random tokens with planted repeats) and natural text
 
 Usage:
     python data.py prompts [--n 1200] [--seed 0] [--out data/prompts.jsonl]
-    python data.py completions --model M --out FILE.jsonl [--train N --val N --test N]
-    python data.py features --model M --completions FILE.jsonl --out FOLDER
 """
 import argparse
 import ast
@@ -38,11 +34,73 @@ import re
 import sys
 import sysconfig
 import textwrap
+import time
 from datetime import date
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import torch
+
+import llama
+
+KAPPA = 5  # the paper's kappa: a copy is a verbatim repeat of at least this many tokens
+
+# ---------------------------------------------------------------------------------------
+# Labels: Y_j = 1 iff token j lies in a verbatim repeat of >= kappa tokens
+# ---------------------------------------------------------------------------------------
+
+def copy_labels(ids, start: int, kappa: int = KAPPA) -> np.ndarray:
+    """Y_j for the tokens ids[start:] (the completion; ids[:start] is the prompt).
+
+    A span of >= kappa tokens that occurred earlier is covered by kappa-token windows that
+    each occurred earlier (at the same offset), so Y_j = 1 iff some kappa-window containing
+    j starts at a, and the same window also starts at some a' < a. One pass with a rolling
+    hash (O(1) per window) finds those windows; hash hits are confirmed token by token.
+    """
+    n, M, B = len(ids), (1 << 61) - 1, 1_000_003
+    top = pow(B, kappa - 1, M)
+    starts: dict[int, list[int]] = {}  # hash -> start positions of distinct windows
+    cover = np.zeros(n + 1, dtype=np.int32)  # +1 at a window's start, -1 past its end
+    h = 0
+    for i, x in enumerate(ids):
+        if i >= kappa:
+            h = (h - (ids[i - kappa] + 1) * top) % M  # drop the token leaving the window
+        h = (h * B + x + 1) % M
+        a = i - kappa + 1
+        if a < 0:
+            continue
+        same = starts.setdefault(h, [])
+        if any(ids[b:b + kappa] == ids[a:i + 1] for b in same):
+            cover[a] += 1
+            cover[i + 1] -= 1
+        else:
+            same.append(a)
+    return (np.cumsum(cover)[start:n] > 0).astype(np.uint8)
+
+
+def surface_scores(ids, start: int, longest: int = 8) -> np.ndarray:
+    """A past-only, surface baseline for Y_j (tokens ids[start:]): the length of the longest
+    suffix ending at token j that occurred earlier in ids, capped at `longest`. It reads no
+    hidden state, so a probe that ranks Y no better than it has learned no more than n-gram
+    matching. A score >= kappa is SwitchSD's kappa-gram condition, and it implies Y_j = 1
+    (that kappa-gram is itself a repeat of kappa tokens containing j)."""
+    seen = [set() for _ in range(longest + 1)]  # seen[L]: the L-grams ending before j
+    out = np.zeros(max(0, len(ids) - start), dtype=np.int64)
+    for j in range(len(ids)):
+        m = 0
+        for L in range(1, min(longest, j + 1) + 1):
+            g = tuple(ids[j - L + 1:j + 1])
+            if m == L - 1 and g in seen[L]:
+                m = L
+            seen[L].add(g)
+        if j >= start:
+            out[j - start] = m
+    return out
+
+# ---------------------------------------------------------------------------------------
+# Prompt sets
+# ---------------------------------------------------------------------------------------
 
 MAX_CHARS = 1400  # longest prompt: keeps a CPU target's prefill cheap
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -62,7 +120,6 @@ SWAPS = {"software": "program", "license": "licence", "function": "routine", "ob
 # (text, replacement): one operator flipped on purpose for the "fix the bug" prompts
 BUGS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" is None", " is not None"),
         (" is not None", " is None"), (" + 1", " - 1"), (" - 1", " + 1"), (" and ", " or "), (" or ", " and ")]
-
 
 # ---------------------------------------------------------------------------------------
 # Material: functions, passages and words found on this machine
@@ -156,7 +213,6 @@ def load_material(seed=0, n_files=200, per_file=8):
         unique.setdefault(p, src)
     passages = [(src, p) for p, src in unique.items()]
     return dict(files=files, functions=functions, passages=passages, words=words)
-
 
 # ---------------------------------------------------------------------------------------
 # Prompt generators: each draws (source, prompt) from the material, or None if it cannot
@@ -473,168 +529,39 @@ def read_prompts(path):
             rows.append(row)
     return rows
 
-
-# ---------------------------------------------------------------------------------------
-# Labels: Y_j = 1 iff token j lies in a verbatim repeat of >= kappa tokens
-# ---------------------------------------------------------------------------------------
-
-def copy_labels(ids, start: int, kappa: int = 5) -> np.ndarray:
-    """Y_j for the tokens ids[start:] (the completion; ids[:start] is the prompt).
-
-    A span of >= kappa tokens that occurred earlier is covered by kappa-token windows that
-    each occurred earlier (at the same offset), so Y_j = 1 iff some kappa-window containing
-    j starts at a, and the same window also starts at some a' < a. One pass with a rolling
-    hash (O(1) per window) finds those windows; hash hits are confirmed token by token.
-    """
-    n, M, B = len(ids), (1 << 61) - 1, 1_000_003
-    top = pow(B, kappa - 1, M)
-    starts: dict[int, list[int]] = {}  # hash -> start positions of distinct windows
-    cover = np.zeros(n + 1, dtype=np.int32)  # +1 at a window's start, -1 past its end
-    h = 0
-    for i, x in enumerate(ids):
-        if i >= kappa:
-            h = (h - (ids[i - kappa] + 1) * top) % M  # drop the token leaving the window
-        h = (h * B + x + 1) % M
-        a = i - kappa + 1
-        if a < 0:
-            continue
-        same = starts.setdefault(h, [])
-        if any(ids[b:b + kappa] == ids[a:i + 1] for b in same):
-            cover[a] += 1
-            cover[i + 1] -= 1
-        else:
-            same.append(a)
-    return (np.cumsum(cover)[start:n] > 0).astype(np.uint8)
-
-
-def surface_scores(ids, start: int, longest: int = 8) -> np.ndarray:
-    """A past-only, surface baseline for Y_j (tokens ids[start:]): the length of the longest
-    suffix ending at token j that occurred earlier in ids, capped at `longest`. It reads no
-    hidden state, so a probe that ranks Y no better than it has learned no more than n-gram
-    matching. A score >= kappa is SwitchSD's kappa-gram condition, and it implies Y_j = 1
-    (that kappa-gram is itself a repeat of kappa tokens containing j)."""
-    seen = [set() for _ in range(longest + 1)]  # seen[L]: the L-grams ending before j
-    out = np.zeros(max(0, len(ids) - start), dtype=np.int64)
-    for j in range(len(ids)):
-        m = 0
-        for L in range(1, min(longest, j + 1) + 1):
-            g = tuple(ids[j - L + 1:j + 1])
-            if m == L - 1 and g in seen[L]:
-                m = L
-            seen[L].add(g)
-        if j >= start:
-            out[j - start] = m
+def subset(prompts, sizes: dict) -> list[dict]:
+    """The first sizes[split] prompts of each split, taking kinds in turn (stays balanced)."""
+    out = []
+    for split, n in sizes.items():
+        by_kind = {}
+        for p in prompts:
+            if p["split"] == split:
+                by_kind.setdefault(p["kind"], []).append(p)
+        queues = list(by_kind.values())
+        while n > 0 and any(queues):
+            for q in queues:
+                if q and n > 0:
+                    out.append(q.pop(0))
+                    n -= 1
     return out
 
-
 # ---------------------------------------------------------------------------------------
-# Completions: the target's own greedy answers, stored as token ids
+# JSON lines
 # ---------------------------------------------------------------------------------------
 
 def read_jsonl(path) -> list[dict]:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def progress(i: int, n: int, t0: float, what: str):
     """A one-line progress bar on stderr (no dependency)."""
-    import time
     done = i / n if n else 1.0
     spent = time.time() - t0
     eta = spent / done - spent if done else 0
     bar = "#" * int(30 * done)
     print(f"\r{what} [{bar:30s}] {i}/{n} {spent / 60:.1f} min, eta {eta / 60:.1f} min",
           end="\n" if i == n else "", file=sys.stderr, flush=True)
-
-
-def generate_completions(model, tok, prompts, out_path, max_new_tokens=160, batch=1):
-    """Append the target's greedy completion of each prompt to out_path (JSON lines).
-
-    Resumable: prompts whose id is already in out_path are skipped. With batch 1, decoding
-    uses this project's lossless copy-speculative path, which is token-identical to greedy
-    decoding and fast on exactly these prompts (their answers repeat their context). With
-    batch > 1, `batch` prompts decode together (batched_greedy): faster on answers that do
-    not repeat their prompt, equal to greedy up to bf16 near-ties.
-    """
-    import time
-    import switchsd
-    from drafters import CopyDrafter
-    if batch < 1:
-        raise ValueError(f"--batch must be at least 1, not {batch}")
-    out_path = Path(out_path)
-    done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
-    todo = [p for p in prompts if p["id"] not in done]
-    t0, new_tokens, seconds = time.time(), 0, 0.0
-    with open(out_path, "a") as f:
-        for i in range(0, len(todo), batch):
-            progress(i, len(todo), t0, f"completions ({new_tokens / max(seconds, 1e-9):.1f} tok/s)")
-            group = todo[i:i + batch]
-            ids = [tok.prompt_ids(p["prompt"]) for p in group]
-            t1 = time.perf_counter()
-            if batch == 1:
-                outs = [switchsd.generate(model, ids[0], "copy", CopyDrafter(), max_new_tokens=max_new_tokens,
-                                          stop_ids=tok.eos_ids).output_ids]
-            else:
-                outs = batched_greedy(model, ids, max_new_tokens, tok.eos_ids)
-            spent = time.perf_counter() - t1
-            new_tokens += sum(map(len, outs))
-            seconds += spent
-            for p, pi, out in zip(group, ids, outs):
-                row = {k: p[k] for k in ("id", "kind", "split")}
-                f.write(json.dumps({**row, "prompt_ids": pi, "output_ids": out,
-                                    "seconds": round(spent / len(group), 3)}) + "\n")
-            f.flush()
-    progress(len(todo), len(todo), t0, "completions")
-    if seconds:
-        print(f"{new_tokens} tokens in {seconds:.0f} s of decoding: {new_tokens / seconds:.2f} tok/s",
-              file=sys.stderr)
-
-
-def batched_greedy(model, prompts, max_new_tokens, stop_ids=()) -> list[list[int]]:
-    """Greedy completions of several prompts, decoded together.
-
-    The KV cache is one sequence (batch 1), but the model obeys any mask, so the prompts
-    share it packed end to end: a token attends only to its own prompt's slots, and each
-    decode pass carries one new token per unfinished prompt. That pass reads the weights
-    once for all of them, and reading the weights is what a batch-1 CPU step waits on
-    (`bench.py passes`: 21 tokens cost 1.34x one). A completion ends at max_new_tokens or
-    with a stop token, which it keeps (as switchsd.generate does).
-    """
-    import torch
-    limit = model.args.max_seq_len
-    for i, ids in enumerate(prompts):
-        if not ids or len(ids) >= limit:
-            raise ValueError(f"prompt {i} is {len(ids)} tokens; the model's context is {limit}")
-    budget = [min(max_new_tokens, limit - len(ids)) for ids in prompts]
-    cache = model.new_cache(sum(len(ids) for ids in prompts) + sum(budget))
-    owner = torch.empty(0, dtype=torch.long)  # which prompt each cache slot belongs to
-    nxt, outs = [], [[] for _ in prompts]  # nxt[i]: the token prompt i feeds next
-    with torch.inference_mode():
-        for i, ids in enumerate(prompts):  # prefill: causal within the prompt, blind to the others
-            T = len(ids)
-            mask = torch.cat([torch.zeros(T, cache.n, dtype=torch.bool),
-                              torch.ones(T, T, dtype=torch.bool).tril()], 1)
-            logits, _ = model(torch.tensor(ids, device=model.device), torch.arange(T, device=model.device),
-                              mask.to(model.device), cache, logits_at=slice(-1, None))
-            owner = torch.cat([owner, torch.full((T,), i)])
-            nxt.append(int(logits[-1].argmax()))
-        live = list(range(len(prompts)))
-        while True:
-            for i in live:
-                outs[i].append(nxt[i])
-            live = [i for i in live if nxt[i] not in stop_ids and len(outs[i]) < budget[i]]
-            if not live:
-                return outs
-            rows = torch.tensor(live)
-            # row r sees its prompt's slots and itself: (len(live), cache.n + len(live))
-            mask = torch.cat([owner[None, :] == rows[:, None], torch.eye(len(live), dtype=torch.bool)], 1)
-            pos = [len(prompts[i]) + len(outs[i]) - 1 for i in live]  # nxt[i] is outs[i][-1]
-            logits, _ = model(torch.tensor([nxt[i] for i in live], device=model.device),
-                              torch.tensor(pos, device=model.device), mask.to(model.device), cache)
-            owner = torch.cat([owner, rows])
-            for r, i in enumerate(live):
-                nxt[i] = int(logits[r].argmax())
-
 
 # ---------------------------------------------------------------------------------------
 # Features: every layer's residual stream at each completion token, as fp16 memmaps
@@ -645,7 +572,7 @@ def open_features(folder, kind: str, mode="r"):
     return np.lib.format.open_memmap(Path(folder) / f"{kind}.npy", mode=mode)
 
 
-def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp")):
+def extract_features(model, completions, folder, kappa=KAPPA, kinds=("attn", "mlp")):
     """One forward pass per example; stores, for every layer, the residual after the
     attention sublayer ("attn": what the probe reads) and after the MLP ("mlp": the
     ablation), at each completion token, plus its label Y_j. Resumable per example.
@@ -653,9 +580,6 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
     Token j's features come from the position where j is the input, the state the decode
     loop has in hand when it must decide how to draft what follows j.
     """
-    import time
-    import torch
-    import llama
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     L, H = model.args.n_layers, model.args.dim
@@ -683,10 +607,7 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
         c = completions[i]
         ids, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
         a, b = info["offsets"][i], info["offsets"][i + 1]
-        mask, pos = llama.causal_mask(len(ids), 0)
-        with torch.inference_mode():
-            _, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)), capture,
-                           logits_at=slice(0, 0))
+        _, hid = model.forward_sequence(ids, capture, logits_at=slice(0, 0))
         for kind in kinds:
             for l in range(L):  # clamped into fp16's range (Qwen has large outlier dims)
                 maps[kind][l, a:b] = hid[kind, l][P:].float().clamp(-65000, 65000).numpy()
@@ -699,6 +620,72 @@ def extract_features(model, completions, folder, kappa=5, kinds=("attn", "mlp"))
             index.write_text(json.dumps(info))
     progress(len(completions), len(completions), t0, "features")
 
+
+# EAGLE-3's training data: the target's fused-layer inputs and next-token distributions.
+
+def eagle_features(model, completions, folder, draft_ids, topk=32):
+    """One forward pass per example: the inputs of layers 2, L//2 and L-3 at every position
+    (the head's input), and the target's top-k logits over the draft vocabulary at every
+    position (its training target). Resumable per example."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    L, H = model.args.n_layers, model.args.dim
+    layers = (2, L // 2, L - 3)
+    index = folder / "index.json"
+    topk = min(topk, len(draft_ids))
+    if index.exists():
+        info = json.loads(index.read_text())
+        if info["ids"] != [c["id"] for c in completions] or info["draft_ids"] != list(draft_ids):
+            raise ValueError(f"{index}: made from other completions or another draft vocabulary; "
+                             "use a new folder")
+    else:
+        lens = [len(c["prompt_ids"]) + len(c["output_ids"]) for c in completions]
+        info = {"ids": [c["id"] for c in completions], "splits": [c["split"] for c in completions],
+                "prompt_lens": [len(c["prompt_ids"]) for c in completions],
+                "offsets": np.cumsum([0] + lens).tolist(), "done": 0, "layers": layers,
+                "draft_ids": list(draft_ids), "topk": topk, "fingerprint": model.fingerprint()}
+        N = info["offsets"][-1]
+        np.lib.format.open_memmap(folder / "feats.npy", "w+", np.float16, (N, 3 * H))
+        np.lib.format.open_memmap(folder / "top_logits.npy", "w+", np.float16, (N, topk))
+        np.lib.format.open_memmap(folder / "top_ids.npy", "w+", np.int32, (N, topk))
+        np.save(folder / "tokens.npy", np.concatenate([c["prompt_ids"] + c["output_ids"] for c in completions]))
+        index.write_text(json.dumps(info))
+    feats, tl, ti = (np.lib.format.open_memmap(folder / f, "r+") for f in ("feats.npy", "top_logits.npy", "top_ids.npy"))
+    keep = torch.tensor(info["draft_ids"])
+    t0 = time.time()
+    for i in range(info["done"], len(completions)):
+        progress(i, len(completions), t0, "eagle features")
+        c = completions[i]
+        ids = c["prompt_ids"] + c["output_ids"]
+        a, b = info["offsets"][i], info["offsets"][i + 1]
+        logits, hid = model.forward_sequence(ids, [("in", l) for l in layers])
+        feats[a:b] = torch.cat([hid["in", l] for l in layers], -1).float().clamp(-65000, 65000).numpy()
+        v, j = logits[:, keep].topk(info["topk"], dim=-1)  # over the draft vocabulary, as EAGLE-3 trains
+        tl[a:b], ti[a:b] = v.numpy(), j.numpy()
+        if (i + 1) % 20 == 0 or i + 1 == len(completions):
+            for m in (feats, tl, ti):
+                m.flush()
+            info["done"] = i + 1
+            index.write_text(json.dumps(info))
+    progress(len(completions), len(completions), t0, "eagle features")
+
+
+def eagle_examples(folder):
+    """The features eagle_features wrote: (its index, example(i) -> one sequence's tokens,
+    prompt length, features and top-k target logits, read from the memmaps)."""
+    folder = Path(folder)
+    info = json.loads((folder / "index.json").read_text())
+    if info["done"] != len(info["ids"]):
+        raise ValueError(f"{folder}: EAGLE features are incomplete ({info['done']}/{len(info['ids'])})")
+    arrays = {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in ("feats", "top_logits", "top_ids")}
+    tokens = np.load(folder / "tokens.npy")
+
+    def example(i):
+        a, b = info["offsets"][i], info["offsets"][i + 1]
+        return {"tokens": tokens[a:b].tolist(), "prompt_len": info["prompt_lens"][i],
+                **{k: torch.from_numpy(np.asarray(v[a:b], dtype=np.float32 if k != "top_ids" else np.int64))
+                   for k, v in arrays.items()}}
+    return info, example
 
 # ---------------------------------------------------------------------------------------
 # Ablation data (paper section 4.3): other sources of copy labels, teacher-forced
@@ -755,7 +742,7 @@ def natural_text(tok, n=200, length=256, seed=0) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
-# EAGLE-3 training data: the target's fused-layer inputs and next-token distributions
+# Reference text and a draft vocabulary, for EAGLE-3 heads
 # ---------------------------------------------------------------------------------------
 
 def reference_text(tok, n=600, length=384, seed=0) -> list[dict]:
@@ -795,118 +782,20 @@ def draft_vocabulary(completions, n: int) -> list[int]:
     counts = np.bincount(np.concatenate([c["output_ids"] for c in completions]))
     return sorted(np.argsort(-counts, kind="stable")[:n].tolist())
 
-
-def eagle_features(model, completions, folder, draft_ids, topk=32):
-    """One forward pass per example: the inputs of layers 2, L//2 and L-3 at every position
-    (the head's input), and the target's top-k logits over the draft vocabulary at every
-    position (its training target). Resumable per example."""
-    import time
-    import torch
-    import llama
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    L, H = model.args.n_layers, model.args.dim
-    layers = (2, L // 2, L - 3)
-    index = folder / "index.json"
-    topk = min(topk, len(draft_ids))
-    if index.exists():
-        info = json.loads(index.read_text())
-        if info["ids"] != [c["id"] for c in completions] or info["draft_ids"] != list(draft_ids):
-            raise ValueError(f"{index}: made from other completions or another draft vocabulary; "
-                             "use a new folder")
-    else:
-        lens = [len(c["prompt_ids"]) + len(c["output_ids"]) for c in completions]
-        info = {"ids": [c["id"] for c in completions], "splits": [c["split"] for c in completions],
-                "prompt_lens": [len(c["prompt_ids"]) for c in completions],
-                "offsets": np.cumsum([0] + lens).tolist(), "done": 0, "layers": layers,
-                "draft_ids": list(draft_ids), "topk": topk, "fingerprint": model.fingerprint()}
-        N = info["offsets"][-1]
-        np.lib.format.open_memmap(folder / "feats.npy", "w+", np.float16, (N, 3 * H))
-        np.lib.format.open_memmap(folder / "top_logits.npy", "w+", np.float16, (N, topk))
-        np.lib.format.open_memmap(folder / "top_ids.npy", "w+", np.int32, (N, topk))
-        np.save(folder / "tokens.npy", np.concatenate([c["prompt_ids"] + c["output_ids"] for c in completions]))
-        index.write_text(json.dumps(info))
-    feats, tl, ti = (np.lib.format.open_memmap(folder / f, "r+") for f in ("feats.npy", "top_logits.npy", "top_ids.npy"))
-    keep = torch.tensor(info["draft_ids"])
-    t0 = time.time()
-    for i in range(info["done"], len(completions)):
-        progress(i, len(completions), t0, "eagle features")
-        c = completions[i]
-        ids = c["prompt_ids"] + c["output_ids"]
-        a, b = info["offsets"][i], info["offsets"][i + 1]
-        mask, pos = llama.causal_mask(len(ids), 0)
-        with torch.inference_mode():
-            logits, hid = model(torch.tensor(ids), pos, mask, model.new_cache(len(ids)),
-                                [("in", l) for l in layers])
-        feats[a:b] = torch.cat([hid["in", l] for l in layers], -1).float().clamp(-65000, 65000).numpy()
-        v, j = logits[:, keep].topk(info["topk"], dim=-1)  # over the draft vocabulary, as EAGLE-3 trains
-        tl[a:b], ti[a:b] = v.numpy(), j.numpy()
-        if (i + 1) % 20 == 0 or i + 1 == len(completions):
-            for m in (feats, tl, ti):
-                m.flush()
-            info["done"] = i + 1
-            index.write_text(json.dumps(info))
-    progress(len(completions), len(completions), t0, "eagle features")
-
-
-def subset(prompts, sizes: dict) -> list[dict]:
-    """The first sizes[split] prompts of each split, taking kinds in turn (stays balanced)."""
-    out = []
-    for split, n in sizes.items():
-        by_kind = {}
-        for p in prompts:
-            if p["split"] == split:
-                by_kind.setdefault(p["kind"], []).append(p)
-        queues = list(by_kind.values())
-        while n > 0 and any(queues):
-            for q in queues:
-                if q and n > 0:
-                    out.append(q.pop(0))
-                    n -= 1
-    return out
-
-
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Data for SwitchSD's copy-intent probe.")
+    ap = argparse.ArgumentParser(description="The probe's prompt set (python probe.py makes the rest).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prompts", help="write the prompt set and its manifest.json next to it")
     p.add_argument("--n", type=int, default=1200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="data/prompts.jsonl")
-    p = sub.add_parser("completions", help="the target's greedy completions (resumable)")
-    p.add_argument("--model", required=True, help="HF folder or demo name")
-    p.add_argument("--prompts", default="data/prompts.jsonl")
-    p.add_argument("--out", required=True, help="JSON lines file to append to")
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--batch", type=int, default=1,
-                   help="prompts decoded together (1: one at a time, copy-speculative)")
-    for split, n in (("train", 960), ("val", 120), ("test", 120)):
-        p.add_argument(f"--{split}", type=int, default=n, help=f"prompts from the {split} split")
-    p = sub.add_parser("features", help="per-layer hidden states and labels (resumable)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--completions", required=True)
-    p.add_argument("--out", required=True, help="folder for the memmaps")
-    p.add_argument("--kappa", type=int, default=5)
     args = ap.parse_args(argv)
-    if args.cmd == "prompts":
-        info = write_prompts(args.out, str(Path(args.out).with_name("manifest.json")), args.seed, args.n)
-        print(f"{info['n']} prompts, {info['total_chars']} chars -> {args.out} "
-              f"(sources: Python {info['python']} stdlib)")
-        for kind, c in info["kinds"].items():
-            print(f"  {kind:17s} train {c['train']:4d}  val {c['val']:3d}  test {c['test']:3d}  "
-                  f"sources {c['sources']}")
-        return
-    import torch
-    import llama
-    from fetch import resolve
-    folder = resolve(args.model)
-    model = llama.Model.from_pretrained(folder)
-    if args.cmd == "completions":
-        prompts = subset(read_prompts(args.prompts), {"train": args.train, "val": args.val, "test": args.test})
-        generate_completions(model, llama.Tokenizer(folder), prompts, args.out, args.max_new_tokens,
-                             args.batch)
-    else:
-        extract_features(model, read_jsonl(args.completions), args.out, args.kappa)
+    info = write_prompts(args.out, str(Path(args.out).with_name("manifest.json")), args.seed, args.n)
+    print(f"{info['n']} prompts, {info['total_chars']} chars -> {args.out} "
+          f"(sources: Python {info['python']} stdlib)")
+    for kind, c in info["kinds"].items():
+        print(f"  {kind:17s} train {c['train']:4d}  val {c['val']:3d}  test {c['test']:3d}  "
+              f"sources {c['sources']}")
 
 
 if __name__ == "__main__":

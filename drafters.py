@@ -4,18 +4,34 @@ A drafter looks at the context (prompt + generated tokens, the last one not yet 
 through the target) and proposes a Tree of candidate continuations. The target verifies the
 whole tree in one pass (switchsd.verify). Drafters differ only in how they propose:
 
-  copy drafters   PLD (Saxena 2023), CopySpec (Dumitru et al. 2025) and SwitchSD's kappa-gram
-                  retriever, which drafts W candidates of up to D tokens by copying the
-                  context after earlier occurrences of the current kappa-gram.
+  copy drafters    SwitchSD's kappa-gram retriever (W candidates of up to D tokens copied from
+                   after earlier occurrences of the current kappa-gram), PLD (Saxena 2023) and
+                   CopySpec (Dumitru et al. 2025)
+  neural drafters  SPS: a small draft model (Chen et al. 2023; Leviathan et al. 2023), and an
+                   EAGLE-3 head on the target's own features (Li et al. 2025)
+
+The two interfaces are written down as Protocols (Copier, Neural) and each drafter's options
+as one config dataclass (CopyConfig, SPSConfig, Eagle3Config): the CLI, the benchmarks and the
+tests read their defaults from there. EAGLE-3 training comes last.
+
+    python drafters.py train-eagle3 --model M --completions FILE --work DIR --out HEAD_DIR
 """
+import argparse
 import json
+import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn as nn
+from safetensors.torch import save_file
 
+import data
 import llama
+from fetch import resolve
 
 
 @dataclass
@@ -74,6 +90,26 @@ class Tree:
         return out
 
 
+class Copier(Protocol):
+    """Drafts by copying from the context: a Tree, or None when the context offers nothing."""
+
+    def reset(self, max_len: int) -> None: ...  # a new prompt starts
+
+    def propose(self, ctx: list[int], depth: int) -> Tree | None: ...
+
+
+class Neural(Protocol):
+    """Drafts with a network. Its state may lag the context after steps it did not draft; it
+    catches up inside its next propose (lazy propagation)."""
+    capture: tuple  # the target's hidden states it reads, as llama.Model.forward's (kind, layer)
+
+    def reset(self, max_len: int) -> None: ...
+
+    def observe(self, hidden: dict) -> None: ...  # the captured states of the accepted rows
+
+    def propose(self, ctx: list[int], depth: int, temperature: float, top_p: float, gen) -> Tree: ...
+
+
 def probs(logits, temperature: float, top_p: float = 1.0):
     """Sampling distribution softmax(logits / T), restricted to the top-p nucleus."""
     p = torch.softmax(logits.float() / temperature, dim=-1)
@@ -85,9 +121,40 @@ def probs(logits, temperature: float, top_p: float = 1.0):
     return p
 
 
+def pick(logits, temperature, top_p, gen, topk: int, threshold: float, ids=None, vocab_size=0):
+    """A neural drafter's choice at one depth, from its logits over its own rows.
+
+    Greedy: the top-k rows (the first is the chain's token, the rest runner-up leaves), q None.
+    Sampling: one row drawn from q = probs(logits). `sure` is the drafter's probability of its
+    token, for the early stop (greedy computes it only when a threshold asks for it). ids maps
+    rows to target ids (a cut vocabulary), and q is then spread over the target's vocab_size.
+    Returns (target ids of the picked rows, q or None, sure).
+    """
+    if temperature == 0:
+        top, q = logits.topk(min(topk, len(logits))).indices, None
+        sure = torch.softmax(logits.float(), -1)[top[0]].item() if threshold else 1.0
+    else:
+        q = probs(logits, temperature, top_p)
+        top = torch.multinomial(q, 1, generator=gen)
+        sure = q[top[0]].item()
+    if ids is not None:
+        top = ids[top]
+        if q is not None:
+            q = torch.zeros(vocab_size, device=q.device).index_copy_(0, ids, q)
+    return top.tolist(), q, sure
+
+
 # ---------------------------------------------------------------------------------------
 # Copy drafters: candidates are spans of the context itself
 # ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CopyConfig:
+    """SwitchSD's copy path (section 3 of the paper)."""
+    kappa: int = data.KAPPA  # the kappa-gram ending at the current token must have occurred before
+    width: int = 4  # W: candidates verified together in one pass
+    depth: int = 20  # D: tokens per candidate, at most
+
 
 class CopyDrafter:
     """SwitchSD's retriever: W candidates of up to D tokens that followed earlier
@@ -97,8 +164,8 @@ class CopyDrafter:
     up to date lazily from the context, one dict append per new token: no rescans.
     """
 
-    def __init__(self, kappa: int = 5, width: int = 4, depth: int = 20):
-        self.kappa, self.width, self.depth = kappa, width, depth
+    def __init__(self, cfg: CopyConfig = CopyConfig()):
+        self.kappa, self.width, self.depth = cfg.kappa, cfg.width, cfg.depth
         self.reset()
 
     def reset(self, max_len: int = 0):
@@ -144,7 +211,6 @@ class PromptLookup:
         pass  # stateless: it rescans the context every step, as published
 
     def propose(self, ctx, depth: int):
-        import numpy as np
         a = np.asarray(ctx)
         for n in range(min(self.max_ngram, len(a) - 1), 0, -1):
             windows = np.lib.stride_tricks.sliding_window_view(a, n)
@@ -186,10 +252,33 @@ class CopySpec:
 # ---------------------------------------------------------------------------------------
 
 def common_prefix(a, b, start: int = 0) -> int:
+    """The length of the longest common prefix of a and b, known to be at least `start`."""
     n = start
     while n < len(a) and n < len(b) and a[n] == b[n]:
         n += 1
     return n
+
+
+@dataclass(frozen=True)
+class SPSConfig:
+    """An SPS draft model's options; defaults chosen with `bench.py neural` on prompts Table 1
+    does not use (docs/results.md)."""
+    gamma: int = 6  # lookahead: draft tokens per step, at most
+    threshold: float = 0.7  # early stop: a drafted token with q below this ends the draft (0: never)
+    topk: int = 2  # greedy: the draft's top-k per depth, runners-up verified as leaves (1: a chain)
+    vocab: int = 65536  # draft among the ids below this and the context's tokens (0: all)
+    quant: str = "int8"  # the draft's weights: "int8" (llama.Int8Linear) or "none" (as the target's)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """An EAGLE-3 head's drafting options (docs/results.md)."""
+    gamma: int = 4  # lookahead: head steps per draft, at most
+    threshold: float = 0.7  # early stop, as SPSConfig's
+    topk: int = 2  # greedy: runners-up per depth verified as leaves (1: a chain)
+
+
+QUANTS = ("int8", "none")
 
 
 class DraftModel:
@@ -219,8 +308,8 @@ class DraftModel:
     nothing on a bandwidth-bound machine. No extra draft forward."""
     capture = ()  # needs no hidden state of the target
 
-    def __init__(self, model, gamma: int = 4, threshold: float = 0.0, vocab: int = 0, topk: int = 1):
-        self.model, self.gamma, self.threshold, self.vocab, self.topk = model, gamma, threshold, vocab, topk
+    def __init__(self, model, cfg: SPSConfig = SPSConfig()):
+        self.model, self.gamma, self.threshold, self.vocab, self.topk = model, cfg.gamma, cfg.threshold, cfg.vocab, cfg.topk
         self.last = ("mlp", model.args.n_layers - 1)  # the final residual, before the norm
 
     def reset(self, max_len: int):
@@ -271,18 +360,8 @@ class DraftModel:
             logits = self._logits(feed)
             self.tokens += feed
             self.synced = len(ctx)  # all of ctx is in the cache now
-            if temperature == 0:
-                top, q = logits.topk(min(self.topk, len(logits))).indices, None
-                sure = torch.softmax(logits, -1)[top[0]].item() if self.threshold else 1.0
-            else:
-                q = probs(logits, temperature, top_p)
-                top = torch.multinomial(q, 1, generator=gen)
-                sure = q[top[0]].item()
-            if self.head is not None:  # back to target ids; q over the whole vocabulary
-                top = self.ids[top]
-                if q is not None:
-                    q = torch.zeros(self.model.args.vocab_size, device=q.device).index_copy_(0, self.ids, q)
-            x, *leaves = top.tolist()
+            (x, *leaves), q, sure = pick(logits, temperature, top_p, gen, self.topk, self.threshold,
+                                         self.ids if self.head is not None else None, self.model.args.vocab_size)
             node = tree.grow(node, x, q, leaves)
             if sure < self.threshold:
                 break
@@ -379,13 +458,9 @@ class Eagle3Head(nn.Module):
                                  f"differs from the target's vocabulary {target.args.vocab_size}")
             w["d2t"] = torch.zeros(head.args.vocab_size, dtype=torch.long)
         for name, p in [*head.named_parameters(), ("d2t", head.d2t)]:
-            if name not in w:
-                raise ValueError(f"{folder}: weight {name!r} is missing from the checkpoint")
-            if tuple(w[name].shape) != tuple(p.shape):
-                raise ValueError(f"{folder}: weight {name!r} has shape {tuple(w[name].shape)}, "
-                                 f"config.json implies {tuple(p.shape)}")
-            t = w[name].to(target.device, torch.long if name == "d2t" else target.dtype, copy=True)
-            module, leaf = llama._parent(head, name)
+            t = llama.checked_weight(w, name, p.shape, folder)
+            t = t.to(target.device, torch.long if name == "d2t" else target.dtype, copy=True)
+            module, leaf = llama.parent_of(head, name)
             if name == "d2t":
                 head.d2t = t
             else:
@@ -398,7 +473,6 @@ class Eagle3Head(nn.Module):
 
     def save(self, folder, cfg: dict):
         """Write the official layout: config.json + model.safetensors (bf16, no embeddings)."""
-        from safetensors.torch import save_file
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -422,8 +496,9 @@ class Eagle3:
     head forward costs several percent of a target step here, and most are spent past the
     point where the draft goes wrong."""
 
-    def __init__(self, head: Eagle3Head, target, gamma: int = 4, topk: int = 1, threshold: float = 0.0):
-        self.head, self.target, self.gamma, self.topk, self.threshold = head, target, gamma, topk, threshold
+    def __init__(self, head: Eagle3Head, target, cfg: Eagle3Config = Eagle3Config()):
+        self.head, self.target, self.gamma, self.topk, self.threshold = head, target, cfg.gamma, cfg.topk, cfg.threshold
+        self.ids = head.draft_ids()  # the target id of each draft-vocabulary row
         L = target.args.n_layers
         if L < 3:
             raise ValueError(f"EAGLE-3 reads layers 2, L//2 and L-3: the target has only {L} layers")
@@ -457,17 +532,8 @@ class Eagle3:
         node, n = 0, min(self.gamma, depth)
         for i in range(n):
             logits = self.head.logits(h)[0]  # (draft_vocab,)
-            if temperature == 0:
-                top = logits.topk(min(self.topk, len(logits))).indices.tolist()
-                d, q = top[0], None
-                sure = torch.softmax(logits.float(), -1)[d].item() if self.threshold else 1.0
-            else:
-                qd = probs(logits, temperature, top_p)
-                d, top = torch.multinomial(qd, 1, generator=gen).item(), []
-                q = torch.zeros(self.target.args.vocab_size, device=dev)
-                q[self.head.draft_ids()] = qd  # over target ids
-                sure = qd[d].item()
-            x, *leaves = [t + int(self.head.d2t[t]) for t in [d, *top[1:]]]  # to target ids
+            (x, *leaves), q, sure = pick(logits, temperature, top_p, gen, self.topk, self.threshold,
+                                         self.ids, self.target.args.vocab_size)
             node = tree.grow(node, x, q, leaves)
             if sure < self.threshold:
                 break
@@ -554,32 +620,11 @@ def acceptance_length(head, embed, examples, gamma: int, d2t) -> float:
     return total / max(n, 1)
 
 
-def eagle_examples(folder):
-    """The features data.eagle_features wrote: (its index, example(i) -> one sequence's
-    tokens, prompt length, features and top-k target logits, read from the memmaps)."""
-    import numpy as np
-    folder = Path(folder)
-    info = json.loads((folder / "index.json").read_text())
-    if info["done"] != len(info["ids"]):
-        raise ValueError(f"{folder}: EAGLE features are incomplete ({info['done']}/{len(info['ids'])})")
-    arrays = {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in ("feats", "top_logits", "top_ids")}
-    tokens = np.load(folder / "tokens.npy")
-
-    def example(i):
-        a, b = info["offsets"][i], info["offsets"][i + 1]
-        return {"tokens": tokens[a:b].tolist(), "prompt_len": info["prompt_lens"][i],
-                **{k: torch.from_numpy(np.asarray(v[a:b], dtype=np.float32 if k != "top_ids" else np.int64))
-                   for k, v in arrays.items()}}
-    return info, example
-
-
 def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=None, gamma=4,
                  eval_every=200, seed=0, init=None, log=print):
     """Train a head on data.eagle_features(folder); save it to `out` in the official layout.
     init: a loaded Eagle3Head to continue from (same draft vocabulary), else a fresh head."""
-    import time
-    import numpy as np
-    info, example = eagle_examples(folder)
+    info, example = data.eagle_examples(folder)
     train = [i for i, s in enumerate(info["splits"]) if s == "train"]
     val = [example(i) for i, s in enumerate(info["splits"]) if s == "val"][:40]
     a = target.args
@@ -641,8 +686,6 @@ def train_eagle3(target, folder, out, steps=2000, ttt=3, lr=3e-4, intermediate=N
 
 
 def main(argv=None):
-    import argparse
-    import sys
     ap = argparse.ArgumentParser(description="Train an EAGLE-3 head for a target model.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train-eagle3", help="self-distillation on the target's own completions")
@@ -660,8 +703,6 @@ def main(argv=None):
     p.add_argument("--text", type=int, default=0,
                    help="add N windows of reference text (stdlib code, Python docs); every 10th is validation")
     a = ap.parse_args(argv)
-    import data
-    from fetch import resolve
     if not (a.completions or a.text):  # before loading the target: fail in a second, not a minute
         ap.error("train-eagle3 needs --completions, --text N or both")
     target = llama.Model.from_pretrained(resolve(a.model))

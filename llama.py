@@ -9,7 +9,8 @@ References:
 
 The model knows nothing of speculation. It takes token ids, their positions and a boolean
 mask over (cached + new) tokens, and returns logits plus whichever hidden states the caller
-asks for. Everything speculative lives in drafters.py and switchsd.py.
+asks for. Everything speculative lives in drafters.py and switchsd.py. Its layers are the
+`Linear` of the last section, nn.Linear with a faster CPU path; read it last.
 
 KV cache geometry (batch 1). Slots [0, n) hold the committed context. A forward over T
 new tokens writes their keys/values into slots [n, n+T) and row i of `mask` (T, n+T) says
@@ -31,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
+from tokenizers import Tokenizer as HFTokenizer
 
 # HF "architectures" entry -> what differs between the three families.
 ARCHITECTURES = {
@@ -38,6 +40,9 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm=True),
 }
+# config.json's "model_type" -> architecture, for files whose "architectures" is missing or
+# null (transformers 5 writes null after loading a GGUF), as transformers itself falls back.
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 @dataclass
@@ -60,9 +65,10 @@ class ModelArgs:
 
     @classmethod
     def from_config(cls, cfg: dict, where: str = "config.json") -> "ModelArgs":
-        arch = (cfg.get("architectures") or ["?"])[0]
+        arch = (cfg.get("architectures") or [None])[0] or MODEL_TYPES.get(cfg.get("model_type"))
         if arch not in ARCHITECTURES:
-            raise ValueError(f"{where}: unsupported architecture {arch!r} "
+            got = arch or f"model_type {cfg.get('model_type')!r}, no architectures"
+            raise ValueError(f"{where}: unsupported architecture {got!r} "
                              f"(supported: {', '.join(ARCHITECTURES)})")
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                     "intermediate_size", "vocab_size"):
@@ -101,89 +107,6 @@ class ModelArgs:
 # ---------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------
-
-class Linear(nn.Linear):
-    """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
-
-    Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
-    (W @ x.T) were faster on one host and 5-20% slower on the next (README, "What one forward
-    costs"), so the one kernel torch picks is the default that ages best. One case is not left
-    to it: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream
-    the weights from memory once per few rows, up to five times one row's cost. Cut into blocks
-    of <= 512 KB of weights, one batched product keeps each block in the core's L2 while every row
-    uses it, so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1
-    one-token passes instead of 2.0-5.1 (README, "bfloat16 or float32")."""
-
-    def forward(self, x):  # x: (T, in)
-        T = x.shape[0]
-        if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
-            O, I = self.weight.shape
-            r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
-            if O % r == 0:
-                y = x @ self.weight.view(O // r, r, I).transpose(1, 2)  # (O/r, T, r)
-                y = y.transpose(0, 1).reshape(T, O)
-                return y if self.bias is None else y + self.bias
-        return super().forward(x)
-
-    def rows(self, ids) -> "Linear":
-        """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""
-        cut = Linear(self.in_features, len(ids), bias=self.bias is not None, device="meta")  # no init
-        cut.weight = nn.Parameter(self.weight[ids], requires_grad=False)
-        if self.bias is not None:
-            cut.bias = nn.Parameter(self.bias[ids], requires_grad=False)
-        return cut
-
-
-class Int8Linear(nn.Module):
-    """Int8 weights, one scale per output row: W ~= s * Q, Q = round(W / s), s = max|W_row| / 127.
-
-    For a draft model. A batch-1 pass streams every weight once, so a quarter of float32's
-    bytes (half of bf16's) makes a draft forward cheaper on a bandwidth-bound CPU (Qwen2.5-Coder-
-    0.5B: README, "The draft's weights"). On a CPU the product runs in integers too: each row of
-    x is rounded the same way, x ~= a * X with its own a = max|x_row| / 127, and X @ Q.T is exact
-    in int32 (torch._int_mm, VNNI on x86), so y = a * (X @ Q.T) * s. Its rows do not depend on
-    one another, and a draft catching up on 20 tokens after a copy step, or reading a prompt,
-    costs about half of what it did with int8 weights times bf16 rows (README, "The draft's
-    weights"). The rounding moves the draft's q a little and so its acceptance, never the
-    output: every drafted token is still verified by the target against that same q."""
-
-    def __init__(self, q, scales, bias=None):
-        super().__init__()
-        self.register_buffer("weight", q)  # (out, in) int8
-        self.register_buffer("scales", scales)  # (out,) float32
-        self.bias = bias
-
-    @classmethod
-    def quantize(cls, lin: nn.Linear) -> "Int8Linear":
-        w = lin.weight.detach().float()
-        s = w.abs().amax(1).clamp(min=1e-12) / 127
-        return cls((w / s[:, None]).round().to(torch.int8), s, lin.bias)
-
-    def forward(self, x):  # x: (T, in)
-        if x.device.type == "cpu":
-            xf = x.float()
-            a = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127  # (T, 1): one scale per row
-            X = (xf / a).round().to(torch.int8)
-            y = torch._int_mm(X, self.weight.T) * (a * self.scales)  # (T, out), float32
-        else:  # dequantize on the fly (torch._int_mm on CUDA wants more than 16 rows)
-            y = F.linear(x, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
-        return (y if self.bias is None else y + self.bias).to(x.dtype)
-
-    def rows(self, ids) -> "Int8Linear":
-        return Int8Linear(self.weight[ids], self.scales[ids], None if self.bias is None else self.bias[ids])
-
-
-def default_dtype(device="cpu") -> torch.dtype:
-    """bfloat16 where the hardware computes in it (CUDA; a CPU with AVX512-bf16 or AMX), else
-    float32. Without native bf16 a CPU converts every weight it multiplies: a 1.5B step then
-    costs as much as in float32 with half the bytes, and a verification pass of 21 tokens twice
-    float32's (README, "bfloat16 or float32"). torch names these CPU features only privately;
-    where it does not, assume bf16 (the common case)."""
-    if torch.device(device).type != "cpu":
-        return torch.bfloat16
-    has = lambda f: getattr(torch.cpu, f, lambda: True)()
-    return torch.bfloat16 if has("_is_avx512_bf16_supported") or has("_is_amx_tile_supported") else torch.float32
-
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 like the reference code."""
@@ -332,6 +255,14 @@ class Model(nn.Module):
         logits = self.lm_head(self.model.norm(x[logits_at])).float()
         return logits, hidden
 
+    @torch.inference_mode()
+    def forward_sequence(self, ids, capture=(), logits_at=slice(None)):
+        """One teacher-forced pass over a whole sequence from an empty cache: its logits
+        (at `logits_at`) and captured hidden states, as forward() returns them."""
+        mask, pos = causal_mask(len(ids), 0, self.device)
+        return self(torch.tensor(ids, device=self.device), pos, mask, self.new_cache(len(ids)),
+                    capture, logits_at)
+
     def fingerprint(self) -> str:
         """A short hash of a few weights, stable across dtypes: names the checkpoint."""
         h = hashlib.sha256()
@@ -363,16 +294,10 @@ class Model(nn.Module):
         if args.tie_embeddings:
             params.pop("lm_head.weight")
         for name, p in params.items():
-            if name not in tensors:
-                raise ValueError(f"{folder}: weight {name!r} is missing from the checkpoint")
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
-                                 f"config.json implies {tuple(p.shape)}")
-            module, leaf = _parent(model, name)
             # copy=True: the file is memory-mapped, and the kernel may drop mapped pages
             # under memory pressure, which stalls a later decode step for a second.
-            t = t.to(device=device, dtype=dtype, copy=True)
+            t = checked_weight(tensors, name, p.shape, folder).to(device=device, dtype=dtype, copy=True)
+            module, leaf = parent_of(model, name)
             setattr(module, leaf, nn.Parameter(t, requires_grad=False))
         if args.tie_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
@@ -380,7 +305,8 @@ class Model(nn.Module):
         return (model.quantize_int8() if int8 else model).eval()
 
 
-def _parent(root: nn.Module, name: str):
+def parent_of(root: nn.Module, name: str):
+    """(the module holding parameter `name`, its attribute name), e.g. "model.norm.weight"."""
     *path, leaf = name.split(".")
     for p in path:
         root = getattr(root, p)
@@ -472,6 +398,16 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
+def checked_weight(tensors: dict, name: str, shape, folder) -> torch.Tensor:
+    """tensors[name], refused with the checkpoint's name when missing or of another shape."""
+    if name not in tensors:
+        raise ValueError(f"{folder}: weight {name!r} is missing from the checkpoint")
+    if tuple(tensors[name].shape) != tuple(shape):
+        raise ValueError(f"{folder}: weight {name!r} has shape {tuple(tensors[name].shape)}, "
+                         f"config.json implies {tuple(shape)}")
+    return tensors[name]
+
+
 def load_safetensors(folder: Path) -> dict:
     """All tensors of model.safetensors, or of the shards a model.safetensors.index.json names."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
@@ -517,7 +453,6 @@ class Tokenizer:
     """
 
     def __init__(self, folder):
-        from tokenizers import Tokenizer as HFTokenizer
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.is_file():
@@ -567,3 +502,89 @@ class Tokenizer:
 
     def prompt_ids(self, text: str, chat: bool = True) -> list[int]:
         return self.encode(self.chat(text), special=False) if chat else self.encode(text)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU speed-ups: nothing above depends on them for correctness. A batch-1 step on a CPU
+# waits on reading the weights (docs/performance.md); these make that read cheaper.
+# ---------------------------------------------------------------------------------------
+
+class Linear(nn.Linear):
+    """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
+
+    Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
+    (W @ x.T) were faster on one host and 5-20% slower on the next (docs/performance.md), so the one kernel torch picks is the default that ages best. One case is not left
+    to it: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream
+    the weights from memory once per few rows, up to five times one row's cost. Cut into blocks
+    of <= 512 KB of weights, one batched product keeps each block in the core's L2 while every row
+    uses it, so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1
+    one-token passes instead of 2.0-5.1 (docs/performance.md)."""
+
+    def forward(self, x):  # x: (T, in)
+        T = x.shape[0]
+        if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+            O, I = self.weight.shape
+            r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
+            if O % r == 0:
+                y = x @ self.weight.view(O // r, r, I).transpose(1, 2)  # (O/r, T, r)
+                y = y.transpose(0, 1).reshape(T, O)
+                return y if self.bias is None else y + self.bias
+        return super().forward(x)
+
+    def rows(self, ids) -> "Linear":
+        """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""
+        cut = Linear(self.in_features, len(ids), bias=self.bias is not None, device="meta")  # no init
+        cut.weight = nn.Parameter(self.weight[ids], requires_grad=False)
+        if self.bias is not None:
+            cut.bias = nn.Parameter(self.bias[ids], requires_grad=False)
+        return cut
+
+
+class Int8Linear(nn.Module):
+    """Int8 weights, one scale per output row: W ~= s * Q, Q = round(W / s), s = max|W_row| / 127.
+
+    For a draft model. A batch-1 pass streams every weight once, so a quarter of float32's
+    bytes (half of bf16's) makes a draft forward cheaper on a bandwidth-bound CPU (Qwen2.5-Coder-
+    0.5B: docs/performance.md). On a CPU the product runs in integers too: each row of
+    x is rounded the same way, x ~= a * X with its own a = max|x_row| / 127, and X @ Q.T is exact
+    in int32 (torch._int_mm, VNNI on x86), so y = a * (X @ Q.T) * s. Its rows do not depend on
+    one another, and a draft catching up on 20 tokens after a copy step, or reading a prompt,
+    costs about half of what it did with int8 weights times bf16 rows (docs/performance.md). The rounding moves the draft's q a little and so its acceptance, never the
+    output: every drafted token is still verified by the target against that same q."""
+
+    def __init__(self, q, scales, bias=None):
+        super().__init__()
+        self.register_buffer("weight", q)  # (out, in) int8
+        self.register_buffer("scales", scales)  # (out,) float32
+        self.bias = bias
+
+    @classmethod
+    def quantize(cls, lin: nn.Linear) -> "Int8Linear":
+        w = lin.weight.detach().float()
+        s = w.abs().amax(1).clamp(min=1e-12) / 127
+        return cls((w / s[:, None]).round().to(torch.int8), s, lin.bias)
+
+    def forward(self, x):  # x: (T, in)
+        if x.device.type == "cpu":
+            xf = x.float()
+            a = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127  # (T, 1): one scale per row
+            X = (xf / a).round().to(torch.int8)
+            y = torch._int_mm(X, self.weight.T) * (a * self.scales)  # (T, out), float32
+        else:  # dequantize on the fly (torch._int_mm on CUDA wants more than 16 rows)
+            y = F.linear(x, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+        return (y if self.bias is None else y + self.bias).to(x.dtype)
+
+    def rows(self, ids) -> "Int8Linear":
+        return Int8Linear(self.weight[ids], self.scales[ids], None if self.bias is None else self.bias[ids])
+
+
+def default_dtype(device="cpu") -> torch.dtype:
+    """bfloat16 where the hardware computes in it (CUDA; a CPU with AVX512-bf16 or AMX), else
+    float32. Without native bf16 a CPU converts every weight it multiplies: a 1.5B step then
+    costs as much as in float32 with half the bytes, and a verification pass of 21 tokens twice
+    float32's (docs/performance.md). torch names these CPU features only privately;
+    where it does not, assume bf16 (the common case)."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    has = lambda f: getattr(torch.cpu, f, lambda: True)()
+    return torch.bfloat16 if has("_is_avx512_bf16_supported") or has("_is_amx_tile_supported") else torch.float32

@@ -9,7 +9,11 @@ One probe is trained per layer on the target's own completions; the layer with t
 validation F1 is kept, with the threshold tau that maximises F1 on the same split. At decode
 time the probe is one dot product on a hidden state the target computed anyway.
 
+The probe itself, its file and its read-out are switchsd.Probe; this file trains it.
+
     python probe.py train --model DIR --out probes/NAME.safetensors      # whole pipeline
+    python probe.py completions --model DIR --out FILE.jsonl [--batch N]  # its first stage
+    python probe.py features --model DIR --completions FILE.jsonl --out FOLDER  # its second
     python probe.py eval  --model DIR --probe FILE --prompts FILE.jsonl [--json]
     python probe.py errors --work runs/probe-NAME --probe FILE                # where it errs
     python probe.py alignment --work runs/probe-NAME --layer L     # H_j against Y_(j-1..j+1)
@@ -18,70 +22,107 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import data
+import figures
 import llama
+from drafters import CopyConfig, CopyDrafter
+from fetch import resolve
+from switchsd import Probe, generate, model_identity
 
 
-@dataclass
-class Probe:
-    w: torch.Tensor  # (dim,) float32
-    layer: int
-    position: str  # "attn" (after the attention sublayer) or "mlp" (after the MLP)
-    tau: float
-    kappa: int
-    meta: dict = field(default_factory=dict)  # the model's identity and validation figures
+# ---------------------------------------------------------------------------------------
+# Completions: the target's own greedy answers, stored as token ids
+# ---------------------------------------------------------------------------------------
 
-    @property
-    def capture(self):
-        return (self.position, self.layer)
+def generate_completions(model, tok, prompts, out_path, max_new_tokens=160, batch=1):
+    """Append the target's greedy completion of each prompt to out_path (JSON lines).
 
-    def score(self, h):
-        """p(j) for hidden states h (..., dim)."""
-        return torch.sigmoid(h.float() @ self.w.to(h.device))
+    Resumable: prompts whose id is already in out_path are skipped. With batch 1, decoding
+    uses this project's lossless copy-speculative path, which is token-identical to greedy
+    decoding and fast on exactly these prompts (their answers repeat their context). With
+    batch > 1, `batch` prompts decode together (batched_greedy): faster on answers that do
+    not repeat their prompt, equal to greedy up to bf16 near-ties.
+    """
+    if batch < 1:
+        raise ValueError(f"--batch must be at least 1, not {batch}")
+    out_path = Path(out_path)
+    done = {r["id"] for r in data.read_jsonl(out_path)} if out_path.exists() else set()
+    todo = [p for p in prompts if p["id"] not in done]
+    t0, new_tokens, seconds = time.time(), 0, 0.0
+    with open(out_path, "a", encoding="utf-8") as f:
+        for i in range(0, len(todo), batch):
+            data.progress(i, len(todo), t0, f"completions ({new_tokens / max(seconds, 1e-9):.1f} tok/s)")
+            group = todo[i:i + batch]
+            ids = [tok.prompt_ids(p["prompt"]) for p in group]
+            t1 = time.perf_counter()
+            if batch == 1:
+                outs = [generate(model, ids[0], "copy", CopyDrafter(), max_new_tokens=max_new_tokens,
+                                 stop_ids=tok.eos_ids).output_ids]
+            else:
+                outs = batched_greedy(model, ids, max_new_tokens, tok.eos_ids)
+            spent = time.perf_counter() - t1
+            new_tokens += sum(map(len, outs))
+            seconds += spent
+            for p, pi, out in zip(group, ids, outs):
+                row = {k: p[k] for k in ("id", "kind", "split")}
+                f.write(json.dumps({**row, "prompt_ids": pi, "output_ids": out,
+                                    "seconds": round(spent / len(group), 3)}) + "\n")
+            f.flush()
+    data.progress(len(todo), len(todo), t0, "completions")
+    if seconds:
+        print(f"{new_tokens} tokens in {seconds:.0f} s of decoding: {new_tokens / seconds:.2f} tok/s",
+              file=sys.stderr)
 
-    def save(self, path):
-        from safetensors.torch import save_file
-        meta = {"layer": self.layer, "position": self.position, "tau": self.tau, "kappa": self.kappa,
-                **self.meta}
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file({"w": self.w.float().contiguous()}, str(path),
-                  metadata={k: json.dumps(v) for k, v in meta.items()})
 
-    @classmethod
-    def load(cls, path, model=None) -> "Probe":
-        """Read a probe file; with a model, refuse a probe that was trained for another one."""
-        from safetensors import safe_open
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: probe file not found")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                w, raw = f.get_tensor("w"), f.metadata() or {}
-            meta = {k: json.loads(v) for k, v in raw.items()}
-            probe = cls(w.float(), int(meta.pop("layer")), meta.pop("position"),
-                        float(meta.pop("tau")), int(meta.pop("kappa")), meta)
-        except Exception as e:
-            raise ValueError(f"{path}: not a probe file ({type(e).__name__}: {e})") from None
-        if probe.position not in ("attn", "mlp") or w.ndim != 1:
-            raise ValueError(f"{path}: not a probe file (position {probe.position!r}, w {tuple(w.shape)})")
-        if model is not None:
-            a, m = model.args, probe.meta
-            have = {"arch": a.arch, "hidden_size": a.dim, "n_layers": a.n_layers,
-                    "fingerprint": model.fingerprint()}
-            for key, value in have.items():
-                if key in m and m[key] != value:
-                    raise ValueError(f"{path}: probe made for a model with {key} {m[key]!r}, "
-                                     f"this model has {value!r}")
-            if len(w) != a.dim or not 0 <= probe.layer < a.n_layers:
-                raise ValueError(f"{path}: probe of width {len(w)} at layer {probe.layer} does not "
-                                 f"fit this model ({a.dim} wide, {a.n_layers} layers)")
-        return probe
+def batched_greedy(model, prompts, max_new_tokens, stop_ids=()) -> list[list[int]]:
+    """Greedy completions of several prompts, decoded together.
+
+    The KV cache is one sequence (batch 1), but the model obeys any mask, so the prompts
+    share it packed end to end: a token attends only to its own prompt's slots, and each
+    decode pass carries one new token per unfinished prompt. That pass reads the weights
+    once for all of them, and reading the weights is what a batch-1 CPU step waits on
+    (`bench.py passes`: 21 tokens cost 1.34x one). A completion ends at max_new_tokens or
+    with a stop token, which it keeps (as switchsd.generate does).
+    """
+    limit = model.args.max_seq_len
+    for i, ids in enumerate(prompts):
+        if not ids or len(ids) >= limit:
+            raise ValueError(f"prompt {i} is {len(ids)} tokens; the model's context is {limit}")
+    budget = [min(max_new_tokens, limit - len(ids)) for ids in prompts]
+    cache = model.new_cache(sum(len(ids) for ids in prompts) + sum(budget))
+    owner = torch.empty(0, dtype=torch.long)  # which prompt each cache slot belongs to
+    nxt, outs = [], [[] for _ in prompts]  # nxt[i]: the token prompt i feeds next
+    with torch.inference_mode():
+        for i, ids in enumerate(prompts):  # prefill: causal within the prompt, blind to the others
+            T = len(ids)
+            mask = torch.cat([torch.zeros(T, cache.n, dtype=torch.bool),
+                              torch.ones(T, T, dtype=torch.bool).tril()], 1)
+            logits, _ = model(torch.tensor(ids, device=model.device), torch.arange(T, device=model.device),
+                              mask.to(model.device), cache, logits_at=slice(-1, None))
+            owner = torch.cat([owner, torch.full((T,), i)])
+            nxt.append(int(logits[-1].argmax()))
+        live = list(range(len(prompts)))
+        while True:
+            for i in live:
+                outs[i].append(nxt[i])
+            live = [i for i in live if nxt[i] not in stop_ids and len(outs[i]) < budget[i]]
+            if not live:
+                return outs
+            rows = torch.tensor(live)
+            # row r sees its prompt's slots and itself: (len(live), cache.n + len(live))
+            mask = torch.cat([owner[None, :] == rows[:, None], torch.eye(len(live), dtype=torch.bool)], 1)
+            pos = [len(prompts[i]) + len(outs[i]) - 1 for i in live]  # nxt[i] is outs[i][-1]
+            logits, _ = model(torch.tensor([nxt[i] for i in live], device=model.device),
+                              torch.tensor(pos, device=model.device), mask.to(model.device), cache)
+            owner = torch.cat([owner, rows])
+            for r, i in enumerate(live):
+                nxt[i] = int(logits[r].argmax())
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,7 +268,6 @@ def split_rows(info: dict, split: str):
 def train_layers(folder, positions=("attn", "mlp"), l2=1e-4, log=print) -> dict:
     """Fit one probe per (position, layer) on the train split of a data.extract_features
     folder; evaluate on val (choosing tau) and test. Returns the report and the weights."""
-    import data
     folder = Path(folder)
     info = json.loads((folder / "index.json").read_text())
     if info["done"] != len(info["ids"]):
@@ -262,19 +302,11 @@ def select(report: dict, position="attn") -> dict:
     return max((r for r in report["layers"] if r["position"] == position), key=lambda r: r["val_f1"])
 
 
-def identity(model, name="") -> dict:
-    a = model.args
-    return {"model": name, "arch": a.arch, "hidden_size": a.dim, "n_layers": a.n_layers,
-            "fingerprint": model.fingerprint()}
-
-
 # ---------------------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------------------
 
 def cmd_train(a):
-    import data
-    from fetch import resolve
     folder = resolve(a.model)
     name = Path(a.model).name
     work = Path(a.work or f"runs/probe-{name}")
@@ -283,7 +315,7 @@ def cmd_train(a):
     model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
     prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
-    data.generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens, a.batch)
+    generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens, a.batch)
     t1 = time.time()
     done = {r["id"]: r for r in data.read_jsonl(work / "completions.jsonl")}
     data.extract_features(model, [done[p["id"]] for p in prompts], work / "features", a.kappa)
@@ -299,7 +331,7 @@ def cmd_train(a):
         ys.append(data.copy_labels(ids, P, a.kappa))
     surface = surface_report(np.concatenate(surf), np.concatenate(ys), a.kappa) if test else {}
     probe = Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], a.kappa,
-                  {**identity(model, name), "val_f1": best["val_f1"], "val_auc": best["val_auc"],
+                  {**model_identity(model, name), "val_f1": best["val_f1"], "val_auc": best["val_auc"],
                    "test_f1": best["test_f1"], "test_auc": best["test_auc"]})
     probe.save(a.out)
     report.update(selected=best, surface_test=surface, seconds={"completions": t1 - t0, "features": t2 - t1,
@@ -318,8 +350,6 @@ def cmd_train(a):
 def draw(report, work, model, tok, probe, test_rows):
     """probe_layers.svg (F1 and AUC per layer), roc.svg (the chosen layer, test split) and
     page.svg (a test completion shaded by probe score, true copy spans underlined)."""
-    import data
-    import figures
     work = Path(work)
     series = {}
     for pos in ("attn", "mlp"):
@@ -355,8 +385,6 @@ def cmd_ablation(a):
     and on the CopyDiversity set (the train command's data), each choosing its layer and
     tau on its own validation split, all scored on the same CopyDiversity test split.
     Representation: the attention- vs MLP-sublayer residual, layer by layer (train's report)."""
-    import data
-    from fetch import resolve
     folder = resolve(a.model)
     name = Path(a.model).name
     work = Path(a.work or f"runs/probe-{name}")
@@ -405,7 +433,6 @@ def cmd_ablation(a):
 def cmd_errors(a):
     """The probe's errors on a split of stored features (the train command's folder), by
     place relative to the copy runs."""
-    import data
     probe = Probe.load(a.probe)
     folder = Path(a.work) / "features"
     info = json.loads((folder / "index.json").read_text())
@@ -425,7 +452,6 @@ def cmd_alignment(a):
     """Which token's state reads copy intent best: a probe on row j (the state where token j
     is the input) fit to Y_(j+s) for s = -1, 0, +1; s = 0 is what the decode loop reads. The
     train split's own AUC bounds what a linear read-out of that layer separates."""
-    import data
     folder = Path(a.work) / "features"
     info = json.loads((folder / "index.json").read_text())
     labels, off = np.load(folder / "labels.npy"), info["offsets"]
@@ -444,18 +470,11 @@ def cmd_alignment(a):
 
 def teacher_forced_scores(model, probe, ids):
     """Probe scores at every position of ids, from one forward pass."""
-    mask, pos = llama.causal_mask(len(ids), 0, model.device)
-    with torch.inference_mode():
-        _, hid = model(torch.tensor(ids, device=model.device), pos, mask, model.new_cache(len(ids)),
-                       (probe.capture,), logits_at=slice(0, 0))
+    _, hid = model.forward_sequence(ids, (probe.capture,), logits_at=slice(0, 0))
     return probe.score(hid[probe.capture]).cpu().numpy()
 
 
 def cmd_eval(a):
-    import data
-    import switchsd
-    from drafters import CopyDrafter
-    from fetch import resolve
     folder = resolve(a.model)
     model = llama.Model.from_pretrained(folder)
     tok = llama.Tokenizer(folder)
@@ -463,8 +482,8 @@ def cmd_eval(a):
     s_all, y_all, surf = [], [], []
     for row in data.read_prompts(a.prompts):
         ids = tok.prompt_ids(row["prompt"])
-        res = switchsd.generate(model, ids, "copy", CopyDrafter(probe.kappa), max_new_tokens=a.max_new_tokens,
-                                stop_ids=tok.eos_ids)
+        res = generate(model, ids, "copy", CopyDrafter(CopyConfig(kappa=probe.kappa)),
+                       max_new_tokens=a.max_new_tokens, stop_ids=tok.eos_ids)
         full = ids + res.output_ids
         s_all.append(teacher_forced_scores(model, probe, full)[len(ids):])
         y_all.append(data.copy_labels(full, len(ids), probe.kappa))
@@ -479,21 +498,46 @@ def cmd_eval(a):
         print_places(error_places(s, y, probe.tau, np.cumsum([0] + [len(v) for v in y_all[:-1]])))
 
 
+def cmd_completions(a):
+    folder = resolve(a.model)
+    prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
+    generate_completions(llama.Model.from_pretrained(folder), llama.Tokenizer(folder), prompts, a.out,
+                         a.max_new_tokens, a.batch)
+
+
+def cmd_features(a):
+    data.extract_features(llama.Model.from_pretrained(resolve(a.model)), data.read_jsonl(a.completions), a.out,
+                          a.kappa)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def completion_args(p):
+        p.add_argument("--prompts", default="data/prompts.jsonl", help="JSON lines (data.read_prompts)")
+        for split, n in (("train", 960), ("val", 120), ("test", 120)):
+            p.add_argument(f"--{split}", type=int, default=n, help=f"prompts from the {split} split")
+        p.add_argument("--max-new-tokens", type=int, default=160)
+        p.add_argument("--batch", type=int, default=1,
+                       help="prompts decoded together (batched_greedy; 1: one at a time, copy-speculative)")
+
     p = sub.add_parser("train", help="completions -> features -> per-layer probes -> probe file")
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True, help="probe file to write (.safetensors)")
     p.add_argument("--work", help="folder for completions and features (default runs/probe-NAME)")
-    p.add_argument("--prompts", default="data/prompts.jsonl")
-    p.add_argument("--train", type=int, default=960)
-    p.add_argument("--val", type=int, default=120)
-    p.add_argument("--test", type=int, default=120)
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--batch", type=int, default=1, help="completions decoded together (data.batched_greedy)")
-    p.add_argument("--kappa", type=int, default=5)
+    completion_args(p)
+    p.add_argument("--kappa", type=int, default=data.KAPPA)
     p.add_argument("--l2", type=float, default=1e-4)
+    p = sub.add_parser("completions", help="the target's greedy completions (resumable)")
+    p.add_argument("--model", required=True, help="HF folder or demo name")
+    p.add_argument("--out", required=True, help="JSON lines file to append to")
+    completion_args(p)
+    p = sub.add_parser("features", help="per-layer hidden states and labels (resumable)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--completions", required=True)
+    p.add_argument("--out", required=True, help="folder for the memmaps")
+    p.add_argument("--kappa", type=int, default=data.KAPPA)
     p = sub.add_parser("eval", help="completions of new prompts, labelled, scored by a probe")
     p.add_argument("--model", required=True)
     p.add_argument("--probe", required=True)
@@ -515,8 +559,8 @@ def main(argv=None):
     p.add_argument("--position", default="attn", choices=("attn", "mlp"))
     p.add_argument("--l2", type=float, default=1e-4)
     a = ap.parse_args(argv)
-    {"train": cmd_train, "eval": cmd_eval, "errors": cmd_errors, "ablation": cmd_ablation,
-     "alignment": cmd_alignment}[a.cmd](a)
+    {"train": cmd_train, "completions": cmd_completions, "features": cmd_features, "eval": cmd_eval,
+     "errors": cmd_errors, "ablation": cmd_ablation, "alignment": cmd_alignment}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -10,24 +10,100 @@ The whole method is one loop (generate). Each step:
   2. the drafter proposes a Tree of candidate tokens below the current token;
   3. verify() runs the target once over the tree, accepts the longest verified path
      plus one token of the target's own, and compacts the KV cache to that path.
-Greedy output is token-identical to autoregressive decoding; sampling is lossless.
+Greedy output is token-identical to autoregressive decoding in float32 (a bf16 verification
+pass may part from a one-token step at a near-tie of the logits); sampling is lossless.
+
+Reading order: generate -> verify / accept -> llama.tree_mask -> drafters.CopyDrafter ->
+Probe (below), then probe.py for how the probe is trained.
+
+    python switchsd.py --model DIR|NAME --method switchsd --prompt "..."
 """
 import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 import llama
-from drafters import CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Head, PromptLookup, Tree, probs
-from probe import Probe
+from drafters import (CopyConfig, CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Config, Eagle3Head,
+                      PromptLookup, QUANTS, SPSConfig, Tree, probs)
+from fetch import resolve
 
 
 MAX_TREE = 512  # most tokens one verification pass may carry (root + drafts)
+
+
+# ---------------------------------------------------------------------------------------
+# The probe's read-out: is the model copying right now?
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Probe:
+    """The copy-intent probe (probe.py trains it): p(j) = sigmoid(w . H_j), H_j the residual
+    stream at one layer and position. At decode time it is one dot product on a hidden state
+    the target computed anyway; the file (safetensors) carries w, the layer, tau, kappa and
+    the identity of the model it was trained for."""
+    w: torch.Tensor  # (dim,) float32
+    layer: int
+    position: str  # "attn" (after the attention sublayer) or "mlp" (after the MLP)
+    tau: float
+    kappa: int
+    meta: dict = field(default_factory=dict)  # the model's identity and validation figures
+
+    @property
+    def capture(self):
+        return (self.position, self.layer)
+
+    def score(self, h):
+        """p(j) for hidden states h (..., dim)."""
+        return torch.sigmoid(h.float() @ self.w.to(h.device))
+
+    def save(self, path):
+        meta = {"layer": self.layer, "position": self.position, "tau": self.tau, "kappa": self.kappa,
+                **self.meta}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file({"w": self.w.float().contiguous()}, str(path),
+                  metadata={k: json.dumps(v) for k, v in meta.items()})
+
+    @classmethod
+    def load(cls, path, model=None) -> "Probe":
+        """Read a probe file; with a model, refuse a probe that was trained for another one."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: probe file not found")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                w, raw = f.get_tensor("w"), f.metadata() or {}
+            meta = {k: json.loads(v) for k, v in raw.items()}
+            probe = cls(w.float(), int(meta.pop("layer")), meta.pop("position"),
+                        float(meta.pop("tau")), int(meta.pop("kappa")), meta)
+        except Exception as e:
+            raise ValueError(f"{path}: not a probe file ({type(e).__name__}: {e})") from None
+        if probe.position not in ("attn", "mlp") or w.ndim != 1:
+            raise ValueError(f"{path}: not a probe file (position {probe.position!r}, w {tuple(w.shape)})")
+        if model is not None:
+            a, m = model.args, probe.meta
+            for key, value in model_identity(model).items():
+                if key != "model" and key in m and m[key] != value:
+                    raise ValueError(f"{path}: probe made for a model with {key} {m[key]!r}, "
+                                     f"this model has {value!r}")
+            if len(w) != a.dim or not 0 <= probe.layer < a.n_layers:
+                raise ValueError(f"{path}: probe of width {len(w)} at layer {probe.layer} does not "
+                                 f"fit this model ({a.dim} wide, {a.n_layers} layers)")
+        return probe
+
+
+def model_identity(model, name="") -> dict:
+    """What a probe file records of its model, so that it is never read against another."""
+    a = model.args
+    return {"model": name, "arch": a.arch, "hidden_size": a.dim, "n_layers": a.n_layers,
+            "fingerprint": model.fingerprint()}
 
 
 @dataclass
@@ -166,16 +242,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
                 res.stop = "length" if len(res.output_ids) >= max_new_tokens else "context"
                 break
             ts = time.perf_counter()
-            # 1. The policy. SwitchSD copies iff the probe reads copy intent in the last
-            #    hidden state (score >= tau) AND the kappa-gram ending here occurred before.
-            arm = None
-            if method == "switchsd":
-                use_copy = score >= probe.tau and copier.matches(ctx)
-            elif method == "banditspec":  # UCB1 picks an arm whenever copying is possible
-                arm = bandit.pick() if copier.matches(ctx) else None
-                use_copy = arm == "copy"
-            else:  # PLD, CopySpec and unguarded copy: whenever they find a match
-                use_copy = copier is not None
+            # 1. The policy: copy this step, or draft with the neural drafter?
+            use_copy, arm = policy(method, ctx, score, copier, probe, bandit)
             # 2. Draft at most budget - 1 tokens deep, so accepted + bonus fit the budget.
             depth = budget - 1
             tree = copier.propose(ctx, depth) if use_copy and depth > 0 else None
@@ -210,6 +278,21 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
         res.probe_scores = (scores + [None] * n)[:n]
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def policy(method, ctx, score, copier, probe, bandit):
+    """Copy this step? Returns (copy or not, the bandit's arm when a bandit chose).
+
+    SwitchSD's gate (the paper's decision rule): copy iff the probe reads copy intent in the
+    last hidden state, score >= tau, AND the kappa-gram ending at the current token occurred
+    before. PLD, CopySpec and unguarded copy try whenever they find a match.
+    """
+    if method == "switchsd":
+        return score >= probe.tau and copier.matches(ctx), None
+    if method == "banditspec":  # UCB1 picks an arm whenever copying is possible
+        arm = bandit.pick() if copier.matches(ctx) else None
+        return arm == "copy", arm
+    return copier is not None, None
 
 
 class UCB1:
@@ -302,21 +385,6 @@ def show(tok, res: Result, mode: str) -> str:
 
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
-# The neural drafters' defaults, each chosen with `bench.py neural` on prompts Table 1 does
-# not use (README): "gamma", the lookahead (SPS: 6 with the int8 draft, README "The gamma
-# sweep"), "threshold", the early stop (a token with q below it ends a draft), and "topk"
-# (greedy), the drafter's choices per depth, runners-up verified as leaves (topk 1 = the
-# papers' plain chain).
-DRAFTER = {"sps": {"gamma": 6, "threshold": 0.7, "topk": 2},
-           "eagle3": {"gamma": 4, "threshold": 0.7, "topk": 2}}
-# The SPS draft's output layer: the lowest ids of the vocabulary plus the context's tokens
-# (drafters.DraftModel); `bench.py neural --vocabs` and `bench.py passes --vocabs` (README).
-SPS_VOCAB = 65536
-# The SPS draft's weights: int8 halves a draft forward's bytes (llama.Int8Linear); `bench.py
-# neural --quants` (README, "The draft's weights").
-SPS_QUANT, QUANTS = "int8", ("int8", "none")
-
-
 DTYPES = ("auto", "bfloat16", "float32")
 
 
@@ -325,50 +393,26 @@ def dtype_of(name: str, device="cpu") -> torch.dtype:
     return llama.default_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-def drafter_option(kind: str, name: str, given):
-    """A drafter's ("sps" or "eagle3") option `name`: the value given, else its default."""
-    return given if given is not None else DRAFTER[kind][name]
+def make_drafters(method: str, target, *, copy=CopyConfig(), draft=None, sps=SPSConfig(), head=None,
+                  eagle=Eagle3Config()):
+    """The drafters a method uses, (copier, neural): the one place that maps methods to drafters.
 
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="HF folder or a demo name (default: %(default)s)")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="read the prompt from this file")
-    ap.add_argument("--method", default="ar", choices=METHODS)
-    ap.add_argument("--copy-kappa", type=int, help="kappa-gram length that triggers a copy "
-                    "(default: the probe's, else 5)")
-    ap.add_argument("--copy-width", type=int, default=4, help="W: candidates verified per copy step")
-    ap.add_argument("--copy-depth", type=int, default=20, help="D: longest copied candidate")
-    ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
-    ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
-    ap.add_argument("--gamma", type=int, help="most tokens per neural draft (default: "
-                    f"{DRAFTER['sps']['gamma']} for SPS, {DRAFTER['eagle3']['gamma']} for EAGLE-3)")
-    ap.add_argument("--draft-threshold", type=float,
-                    help="stop a draft after a token the drafter gives less than this probability "
-                    f"(0 = always gamma tokens; default: {DRAFTER['sps']['threshold']} for SPS, "
-                    f"{DRAFTER['eagle3']['threshold']} for EAGLE-3)")
-    ap.add_argument("--draft-vocab", type=int, default=SPS_VOCAB,
-                    help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
-    ap.add_argument("--draft-quant", default=SPS_QUANT, choices=QUANTS,
-                    help="SPS: the draft model's weights, int8 or as --dtype (default: %(default)s)")
-    ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
-                    "verified as leaves beside the chain (1 = a plain chain; default: "
-                    f"{DRAFTER['sps']['topk']} for SPS, {DRAFTER['eagle3']['topk']} for EAGLE-3)")
-    ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="auto", choices=DTYPES,
-                    help="auto: bfloat16 where the hardware has it, else float32 (llama.default_dtype)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
-    ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
-    ap.add_argument("--show", nargs="?", const="path", choices=["path", "probe"],
-                    help="colour the printed text by how each token was produced, or by probe score")
-    return ap.parse_args(argv)
+    draft: an SPS draft model (llama.Model), head: an Eagle3Head; with neither, the neural
+    path is plain autoregressive steps (so "switchsd" alone is the copy path plus AR steps).
+    """
+    if draft is not None and head is not None:
+        raise ValueError("give --draft-model or --eagle, not both")
+    if (draft is not None or head is not None) and method in ("ar", "pld"):
+        raise ValueError(f"--method {method} uses no neural drafter (--draft-model, --eagle)")
+    if method == "sps" and draft is None:
+        raise ValueError("--method sps needs --draft-model")
+    if method == "eagle3" and head is None:
+        raise ValueError("--method eagle3 needs --eagle")
+    copier = {"pld": PromptLookup(), "copyspec": CopySpec()}.get(method)
+    if method in ("copy", "banditspec", "switchsd"):
+        copier = CopyDrafter(copy)
+    neural = DraftModel(draft, sps) if draft is not None else Eagle3(head, target, eagle) if head is not None else None
+    return copier, neural
 
 
 def check_same_vocab(target_tok, draft_tok, n_target: int, where: str):
@@ -382,67 +426,177 @@ def check_same_vocab(target_tok, draft_tok, n_target: int, where: str):
                          "a draft model must share the target's vocabulary")
 
 
+def load_draft(folder, target, tok, dtype, device, quant: str):
+    """An SPS draft model, refused unless it shares the target's tokenizer."""
+    draft = llama.Model.from_pretrained(folder, dtype, device, int8=quant == "int8")
+    check_same_vocab(tok, llama.Tokenizer(folder), target.args.vocab_size, str(folder))
+    if draft.args.vocab_size > target.args.vocab_size:
+        raise ValueError(f"{folder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
+                         f"{target.args.vocab_size}")
+    return draft
+
+
+def shipped_probe(model_name: str) -> Path:
+    """probes/<name>.safetensors: the probe shipped for a demo model."""
+    return Path(__file__).resolve().parent / "probes" / f"{Path(model_name).name}.safetensors"
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+
+def provenance(res: Result) -> list[str]:
+    """How each output token was produced: "copy", "neural" (drafted, then verified) or
+    "target" (the target's own token: every step's bonus token)."""
+    kinds = []
+    for s in res.steps:
+        kinds += [s.path] * s.accepted + ["target"]
+    return kinds[:len(res.output_ids)]
+
+
+def show(tok, res: Result, mode: str) -> str:
+    """The output with ANSI background colours: by provenance, or shaded by probe score."""
+    colour = {"copy": "\x1b[30;43m", "neural": "\x1b[30;46m", "target": ""}
+    kinds, pieces = provenance(res), []
+    for i, piece in enumerate(tok.pieces(res.output_ids)):
+        if mode == "path":
+            c = colour[kinds[i]]
+        else:
+            s = res.probe_scores[i]
+            c = "" if s is None else f"\x1b[30;48;2;255;{int(255 - 200 * s)};{int(255 - 255 * s)}m"
+        pieces.append(c + piece + ("\x1b[0m" if c else ""))
+    legend = ("\n\n[\x1b[30;43mcopied\x1b[0m \x1b[30;46mneural draft\x1b[0m target's own]"
+              if mode == "path" else "\n\n[background: probe score, white 0 -> red 1]")
+    return "".join(pieces) + legend
+
+
+def parse_args(argv=None):
+    C, S, E = CopyConfig(), SPSConfig(), Eagle3Config()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="HF folder or a demo name (default: %(default)s)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file (UTF-8)")
+    ap.add_argument("--method", default="ar", choices=METHODS)
+    ap.add_argument("--copy-kappa", type=int, help=f"kappa-gram length that triggers a copy "
+                    f"(default: the probe's, else {C.kappa})")
+    ap.add_argument("--copy-width", type=int, default=C.width, help="W: candidates verified per copy step")
+    ap.add_argument("--copy-depth", type=int, default=C.depth, help="D: longest copied candidate")
+    ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
+    ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
+    ap.add_argument("--gamma", type=int, help=f"most tokens per neural draft (default: {S.gamma} for SPS, "
+                    f"{E.gamma} for EAGLE-3)")
+    ap.add_argument("--draft-threshold", type=float,
+                    help="stop a draft after a token the drafter gives less than this probability "
+                    f"(0 = always gamma tokens; default: {S.threshold} for SPS, {E.threshold} for EAGLE-3)")
+    ap.add_argument("--draft-vocab", type=int, default=S.vocab,
+                    help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
+    ap.add_argument("--draft-quant", default=S.quant, choices=QUANTS,
+                    help="SPS: the draft model's weights, int8 or as --dtype (default: %(default)s)")
+    ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
+                    f"verified as leaves beside the chain (1 = a plain chain; default: {S.topk} for SPS, "
+                    f"{E.topk} for EAGLE-3)")
+    ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="auto: bfloat16 where the hardware has it, else float32 (llama.default_dtype)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
+    ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    ap.add_argument("--show", nargs="?", const="path", choices=["path", "probe"],
+                    help="colour the printed text by how each token was produced, or by probe score")
+    ap.add_argument("--compare", action="store_true",
+                    help="also decode autoregressively and print the speedup and whether the text is the same")
+    return ap.parse_args(argv)
+
+
+def given(cfg, **options):
+    """cfg with the options the command line set (None: not given, the config's default stays)."""
+    return replace(cfg, **{k: v for k, v in options.items() if v is not None})
+
+
+def check_args(a):
+    """Refuse a bad flag value in one line that names the flag."""
+    def need(ok, flag, value, rule):
+        if not ok:
+            raise ValueError(f"{flag} {value}: must be {rule}")
+    need(a.max_new_tokens >= 1, "--max-new-tokens", a.max_new_tokens, ">= 1")
+    need(a.temperature >= 0, "--temperature", a.temperature, ">= 0")
+    need(0 < a.top_p <= 1, "--top-p", a.top_p, "in (0, 1]")
+    need(a.copy_kappa is None or a.copy_kappa >= 1, "--copy-kappa", a.copy_kappa, ">= 1")
+    need(a.copy_width >= 1, "--copy-width", a.copy_width, ">= 1")
+    need(a.copy_depth >= 1, "--copy-depth", a.copy_depth, ">= 1")
+    need(a.copy_width * a.copy_depth < MAX_TREE, "--copy-width x --copy-depth", a.copy_width * a.copy_depth,
+         f"< {MAX_TREE} (tokens one verification pass may carry)")
+    need(a.gamma is None or a.gamma >= 1, "--gamma", a.gamma, ">= 1")
+    need(a.topk is None or a.topk >= 1, "--topk", a.topk, ">= 1")
+    gamma, topk = a.gamma or SPSConfig.gamma, a.topk or SPSConfig.topk
+    if a.eagle:
+        gamma, topk = a.gamma or Eagle3Config.gamma, a.topk or Eagle3Config.topk
+    need(gamma * topk < MAX_TREE, "--gamma x --topk", gamma * topk,
+         f"< {MAX_TREE} (tokens one verification pass may carry)")
+    need(a.draft_threshold is None or 0 <= a.draft_threshold < 1, "--draft-threshold", a.draft_threshold,
+         "in [0, 1)")
+    need(a.draft_vocab >= 0, "--draft-vocab", a.draft_vocab, ">= 0 (0 = the whole vocabulary)")
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available on this machine (use --device cpu)")
+
+
 def build(a):
     """Load the target and whatever the method needs: copier, neural drafter, probe."""
-    from fetch import resolve
     folder = resolve(a.model)
     dtype = dtype_of(a.dtype, a.device)
     model, tok = llama.Model.from_pretrained(folder, dtype, a.device), llama.Tokenizer(folder)
     probe = None
     if a.probe or a.method == "switchsd":
-        path = a.probe or Path(__file__).resolve().parent / "probes" / f"{Path(a.model).name}.safetensors"
+        path = a.probe or shipped_probe(a.model)
         if not a.probe and not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no shipped probe for this model; pass --probe FILE "
                                     "(python probe.py train makes one)")
         probe = Probe.load(path, model)
-    kappa = a.copy_kappa or (probe.kappa if probe else 5)
-    if kappa < 1 or a.copy_width < 1 or a.copy_depth < 1 or a.copy_width * a.copy_depth >= MAX_TREE:
-        raise ValueError(f"need --copy-kappa, --copy-width, --copy-depth >= 1 and W*D < {MAX_TREE}")
-    copier = {"pld": PromptLookup(), "copyspec": CopySpec()}.get(a.method)
-    if a.method in ("copy", "banditspec", "switchsd"):
-        copier = CopyDrafter(kappa, a.copy_width, a.copy_depth)
-    if a.method == "sps" and not a.draft_model:
-        raise ValueError("--method sps needs --draft-model")
-    if a.method == "eagle3" and not a.eagle:
-        raise ValueError("--method eagle3 needs --eagle")
-    if a.draft_model and a.eagle:
-        raise ValueError("give --draft-model or --eagle, not both")
-    if (a.draft_model or a.eagle) and a.method in ("ar", "pld"):
-        raise ValueError(f"--method {a.method} uses no neural drafter (--draft-model, --eagle)")
-    if any(v is not None and v < 1 for v in (a.gamma, a.topk)) or not 0 <= (a.draft_threshold or 0) < 1:
-        raise ValueError("need --gamma >= 1, --topk >= 1 and 0 <= --draft-threshold < 1")
-    neural = None
-    if a.draft_model:
-        dfolder = resolve(a.draft_model)
-        draft = llama.Model.from_pretrained(dfolder, dtype, a.device, int8=a.draft_quant == "int8")
-        check_same_vocab(tok, llama.Tokenizer(dfolder), model.args.vocab_size, str(dfolder))
-        if draft.args.vocab_size > model.args.vocab_size:
-            raise ValueError(f"{dfolder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
-                             f"{model.args.vocab_size}")
-        neural = DraftModel(draft, drafter_option("sps", "gamma", a.gamma),
-                            drafter_option("sps", "threshold", a.draft_threshold),
-                            a.draft_vocab, drafter_option("sps", "topk", a.topk))
-    if a.eagle:
-        neural = Eagle3(Eagle3Head.load(a.eagle, model), model, drafter_option("eagle3", "gamma", a.gamma),
-                        drafter_option("eagle3", "topk", a.topk),
-                        drafter_option("eagle3", "threshold", a.draft_threshold))
+    kappa = a.copy_kappa if a.copy_kappa is not None else probe.kappa if probe else None
+    copy = given(CopyConfig(), kappa=kappa, width=a.copy_width, depth=a.copy_depth)
+    neural = dict(gamma=a.gamma, threshold=a.draft_threshold, topk=a.topk)
+    draft = load_draft(resolve(a.draft_model), model, tok, dtype, a.device, a.draft_quant) if a.draft_model else None
+    head = Eagle3Head.load(a.eagle, model) if a.eagle else None
+    copier, neural = make_drafters(a.method, model, copy=copy, draft=draft, head=head,
+                                   sps=given(SPSConfig(), vocab=a.draft_vocab, quant=a.draft_quant, **neural),
+                                   eagle=given(Eagle3Config(), **neural))
     return model, tok, copier, neural, probe
+
+
+def read_prompt(a) -> str:
+    if not a.prompt_file:
+        return a.prompt
+    try:
+        with open(a.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise FileNotFoundError(f"{a.prompt_file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{a.prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.max_new_tokens < 1 or a.temperature < 0 or not 0 < a.top_p <= 1:
-        raise ValueError("need --max-new-tokens >= 1, --temperature >= 0 and 0 < --top-p <= 1")
-    if a.prompt_file:
-        try:
-            with open(a.prompt_file) as f:
-                a.prompt = f.read()
-        except OSError as e:
-            raise FileNotFoundError(f"{a.prompt_file}: {e.strerror}") from None
+    check_args(a)
+    text = read_prompt(a)
     model, tok, copier, neural, probe = build(a)
     if a.show == "probe" and probe is None:
         raise ValueError("--show probe needs a probe (--probe or --method switchsd)")
-    prompt_ids = tok.prompt_ids(a.prompt, chat=not a.no_chat)
+    prompt_ids = tok.prompt_ids(text, chat=not a.no_chat)
+
+    def run(method, copier, neural, probe, n=a.max_new_tokens, on_tokens=None):
+        return generate(model, prompt_ids, method, copier, neural, probe, max_new_tokens=n,
+                        temperature=a.temperature, top_p=a.top_p, seed=a.seed, stop_ids=tok.eos_ids,
+                        on_tokens=on_tokens)
+
+    if a.compare:  # warm up, so that neither timed run pays for torch's first calls
+        run(a.method, copier, neural, probe, n=8)
     printed, out = "", []
 
     def stream(new):  # print the decoded difference; hold back half a UTF-8 character
@@ -453,10 +607,13 @@ def main(argv=None):
             print(text[len(printed):], end="", flush=True)
             printed = text
 
-    res = generate(model, prompt_ids, a.method, copier, neural, probe, max_new_tokens=a.max_new_tokens,
-                   temperature=a.temperature, top_p=a.top_p, seed=a.seed, stop_ids=tok.eos_ids,
-                   on_tokens=None if a.json or a.show else stream)
+    res = run(a.method, copier, neural, probe, on_tokens=None if a.json or a.show else stream)
     info = summary(res)
+    if a.compare:
+        ar = summary(run("ar", None, None, None))
+        same = ar["output_ids"] == info["output_ids"]
+        info["compare_ar"] = {"tokens_per_second": ar["tokens_per_second"], "mean_accepted": ar["mean_accepted"],
+                              "identical": same}
     if a.json:
         print(json.dumps({**info, "text": tok.decode(res.output_ids)}))
         return
@@ -465,6 +622,13 @@ def main(argv=None):
     print(f"\n[{info['new_tokens']} tokens, {info['tokens_per_second']} tok/s, "
           f"{info['target_forwards']} target forwards, {info['mean_accepted']} tokens/forward, "
           f"stop: {res.stop}]", file=sys.stderr)
+    if a.compare:
+        c = info["compare_ar"]
+        speedup = info["tokens_per_second"] / c["tokens_per_second"] if c["tokens_per_second"] else 0.0
+        print(f"[vs --method ar: {speedup:.2f}x the tokens/s ({info['tokens_per_second']} vs "
+              f"{c['tokens_per_second']}), {info['mean_accepted']} vs {c['mean_accepted']} tokens per target "
+              f"forward; text {'identical' if c['identical'] else 'DIFFERENT'}"
+              f"{'' if c['identical'] or a.temperature == 0 else ' (sampling: expected)'}]", file=sys.stderr)
 
 
 if __name__ == "__main__":

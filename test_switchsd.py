@@ -20,7 +20,7 @@ import drafters
 import llama
 import probe as probe_mod
 import switchsd
-from drafters import CopyDrafter, CopySpec, PromptLookup, Tree
+from drafters import CopyConfig, CopyDrafter, CopySpec, Eagle3Config, PromptLookup, SPSConfig, Tree
 
 HERE = Path(__file__).parent
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -152,6 +152,16 @@ def repetitive_prompts(n, V=32, seed=0):
             p += [rng.randrange(V)] + base[:cut] + [rng.randrange(V)] + base[cut + 1:]
         out.append(p)
     return out
+
+
+def sps(**options) -> SPSConfig:
+    """An SPS drafter at its plainest (a chain, no early stop, the whole vocabulary), changed by options."""
+    return SPSConfig(**{"gamma": 4, "threshold": 0.0, "topk": 1, "vocab": 0, **options})
+
+
+def eagle(**options) -> Eagle3Config:
+    """An EAGLE-3 drafter at its plainest (a chain, no early stop), changed by options."""
+    return Eagle3Config(**{"gamma": 4, "threshold": 0.0, "topk": 1, **options})
 
 
 def full_logits(model, ids):
@@ -451,21 +461,37 @@ def test_cli_end_to_end(tiny):
     assert "tokens" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,msg", [
     (["--model", "/nonexistent/dir"], "/nonexistent/dir: no such model folder"),
     (["--prompt-file", "/nonexistent.txt"], "/nonexistent.txt: No such file"),
-    (["--topk", "0"], "need --gamma >= 1, --topk >= 1"),
-    (["--gamma", "0"], "need --gamma >= 1, --topk >= 1"),
+    (["--prompt-file", "LATIN1"], "latin1.txt: not UTF-8 text"),
+    (["--topk", "0"], "--topk 0: must be >= 1"),
+    (["--gamma", "0"], "--gamma 0: must be >= 1"),
+    (["--gamma", "300", "--topk", "4"], "--gamma x --topk 1200: must be < 512"),
+    (["--copy-kappa", "0"], "--copy-kappa 0: must be >= 1"),
+    (["--copy-width", "30", "--copy-depth", "20"], "--copy-width x --copy-depth 600: must be < 512"),
+    (["--draft-vocab", "-1"], "--draft-vocab -1: must be >= 0"),
+    (["--draft-threshold", "1"], "--draft-threshold 1.0: must be in [0, 1)"),
+    (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+    (["--top-p", "0"], "--top-p 0.0: must be in (0, 1]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
+    pytest.param(["--device", "cuda"], "--device cuda: CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
-def test_cli_errors(tiny, args, msg):
+def test_cli_errors(tiny, tmp_path, args, msg):
+    """Bad input: one line that names the flag or file, never a traceback."""
     _, folder = tiny
     base = {"--model": str(folder), "--prompt": "x"}
     for k, v in zip(args[::2], args[1::2]):
         base[k] = v
+    if base.get("--prompt-file") == "LATIN1":  # a prompt file in another encoding
+        base["--prompt-file"] = str(tmp_path / "latin1.txt")
+        Path(base["--prompt-file"]).write_bytes("d\xe9j\xe0 vu".encode("latin-1"))
     if "--prompt-file" in base:
         base.pop("--prompt")
     r = run_cli(*[x for kv in base.items() for x in kv])
-    assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 # ---------------------------------------------------------------------------------------
@@ -487,7 +513,7 @@ def test_kgram_index_matches_brute_force():
     rng = random.Random(0)
     for trial in range(30):
         kappa, width, depth = rng.randrange(1, 5), rng.randrange(1, 5), rng.randrange(1, 8)
-        d = CopyDrafter(kappa, width, depth)
+        d = CopyDrafter(CopyConfig(kappa, width, depth))
         ctx = []
         for _ in range(120):  # grow the context one token at a time, as decoding does
             ctx.append(rng.randrange(3 if trial % 2 else 6))
@@ -500,12 +526,12 @@ def test_kgram_index_matches_brute_force():
 
 
 def test_match_at_the_very_end_of_the_context():
-    d = CopyDrafter(kappa=3, width=4, depth=20)
+    d = CopyDrafter(CopyConfig(kappa=3, width=4, depth=20))
     ctx = [9, 1, 1, 1, 1]  # (1,1,1) ended one token ago: the continuation is just [1]
     assert d.propose(ctx, 20).paths() == [[1]]
     ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
-    assert CopyDrafter(3, 4, 20).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
-    assert CopyDrafter(3, 4, 20).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
+    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
+    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
 
 
 def test_pld_and_copyspec_follow_their_papers():
@@ -519,7 +545,7 @@ def test_pld_and_copyspec_follow_their_papers():
 
 
 METHODS = [("pld", PromptLookup), ("copyspec", CopySpec), ("copy", CopyDrafter),
-           ("copy", lambda: CopyDrafter(kappa=2, width=3, depth=7))]
+           ("copy", lambda: CopyDrafter(CopyConfig(kappa=2, width=3, depth=7)))]
 
 
 def test_copy_methods_greedy_match_ar(copier_model, tiny):
@@ -542,14 +568,14 @@ def test_candidates_longer_than_the_budget(copier_model):
     prompt = repetitive_prompts(1, seed=3)[0]
     for n in (1, 2, 3, 7):
         ref = switchsd.generate(copier_model, prompt, max_new_tokens=n).output_ids
-        res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(2, 4, 20), max_new_tokens=n)
+        res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=n)
         assert res.output_ids == ref and len(ref) == n
 
 
 def test_copy_at_the_context_limit(copier_model):
     prompt = (repetitive_prompts(1, seed=4)[0] * 30)[:500]  # the model's limit is 512
     ref = switchsd.generate(copier_model, prompt, max_new_tokens=40)
-    res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(2, 4, 20), max_new_tokens=40)
+    res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=40)
     assert res.output_ids == ref.output_ids and len(ref.output_ids) == 12
     assert res.stop == ref.stop == "context" and max(s.accepted for s in res.steps) > 1
 
@@ -625,7 +651,7 @@ def test_copy_sampling_is_lossless_end_to_end(tmp_path):
              for a in range(8) for b in range(8)}
     n, counts = 2000, {}
     for seed in range(n):
-        res = switchsd.generate(model, prompt, "copy", CopyDrafter(2, 3, 4), max_new_tokens=2,
+        res = switchsd.generate(model, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 4)), max_new_tokens=2,
                                 temperature=1.0, seed=seed)
         key = tuple(res.output_ids)
         counts[key] = counts.get(key, 0) + 1
@@ -732,14 +758,14 @@ def neural_setup(tmp_path_factory):
 
 def neural_drafters(setup):
     target, draft, head, draft8 = setup
-    return [("sps", lambda: drafters.DraftModel(draft, gamma=4)),
-            ("sps-int8", lambda: drafters.DraftModel(draft8, gamma=4, vocab=8, topk=2)),  # int8, cut head
-            ("sps-stop", lambda: drafters.DraftModel(draft, gamma=4, threshold=0.99)),
-            ("sps-vocab", lambda: drafters.DraftModel(draft, gamma=4, vocab=8)),  # ids < 8 and the context's
-            ("sps-top3", lambda: drafters.DraftModel(draft, gamma=4, vocab=8, topk=3)),  # leaves, cut head
-            ("eagle3", lambda: drafters.Eagle3(head, target, gamma=3)),
-            ("eagle3-top3", lambda: drafters.Eagle3(head, target, gamma=3, topk=3)),
-            ("eagle3-stop", lambda: drafters.Eagle3(head, target, gamma=3, topk=2, threshold=0.5))]
+    return [("sps", lambda: drafters.DraftModel(draft, sps(gamma=4))),
+            ("sps-int8", lambda: drafters.DraftModel(draft8, sps(gamma=4, vocab=8, topk=2))),  # int8, cut head
+            ("sps-stop", lambda: drafters.DraftModel(draft, sps(gamma=4, threshold=0.99))),
+            ("sps-vocab", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8))),  # ids < 8 and the context's
+            ("sps-top3", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8, topk=3))),  # leaves, cut head
+            ("eagle3", lambda: drafters.Eagle3(head, target, eagle(gamma=3))),
+            ("eagle3-top3", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=3))),
+            ("eagle3-stop", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=2, threshold=0.5)))]
 
 
 def test_neural_drafters_greedy_match_ar(neural_setup):
@@ -748,7 +774,7 @@ def test_neural_drafters_greedy_match_ar(neural_setup):
     for prompt in repetitive_prompts(4, seed=7):
         ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
         for name, make in neural_drafters(neural_setup):
-            for method, copier in ((name.split("-")[0], None), ("copyspec", CopySpec()), ("copy", CopyDrafter(3, 2, 8))):
+            for method, copier in ((name.split("-")[0], None), ("copyspec", CopySpec()), ("copy", CopyDrafter(CopyConfig(3, 2, 8)))):
                 d = make()
                 res = switchsd.generate(target, prompt, method, copier, d, max_new_tokens=40)
                 assert res.output_ids == ref, (name, method)
@@ -767,7 +793,7 @@ def test_draft_vocabulary_restricts_proposals(neural_setup):
     draft = neural_setup[1]
     outside = {0: 0, 4: 0}
     for vocab in outside:
-        d = drafters.DraftModel(draft, gamma=4, vocab=vocab)
+        d = drafters.DraftModel(draft, sps(gamma=4, vocab=vocab))
         for seed, prompt in enumerate(repetitive_prompts(6, seed=3)):
             prompt = [t for t in prompt if t % 3]  # leave some ids out of the context
             d.reset(len(prompt) + 8)
@@ -780,7 +806,7 @@ class RandomCopier(CopyDrafter):
     """Copies at random steps (seeded): drives arbitrary interleavings of copy and neural."""
 
     def __init__(self, seed):
-        super().__init__(kappa=1, width=2, depth=6)
+        super().__init__(CopyConfig(kappa=1, width=2, depth=6))
         self.rng = random.Random(seed)
 
     def propose(self, ctx, depth):
@@ -820,12 +846,12 @@ def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperatu
     if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
         draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32,
                                             int8=kind == "sps-int8")
-        neural = drafters.DraftModel(draft, gamma, threshold, vocab=2 if kind == "sps-vocab" else 0,
-                                     topk=2)  # a greedy-only option: sampling must ignore it
+        neural = drafters.DraftModel(draft, sps(gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
+                                     topk=2))  # a greedy-only option: sampling must ignore it
         kind = "sps"
     else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
         head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
-        neural = drafters.Eagle3(head, target, gamma, 1, threshold)
+        neural = drafters.Eagle3(head, target, eagle(gamma=gamma, topk=1, threshold=threshold))
     prompt, T = [1, 2, 3, 4, 5], temperature
     p1 = torch.softmax(full_logits(target, prompt)[-1] / T, 0)
     joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1] / T, 0)[b].item()
@@ -915,7 +941,7 @@ def test_metrics_and_selection_on_hand_made_tables():
 
 def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
     model, _ = tiny
-    p = probe_mod.Probe(torch.randn(64), 2, "attn", 0.42, 5, probe_mod.identity(model, "tiny"))
+    p = switchsd.Probe(torch.randn(64), 2, "attn", 0.42, 5, switchsd.model_identity(model, "tiny"))
     p.save(tmp_path / "p.safetensors")
     q = probe_mod.Probe.load(tmp_path / "p.safetensors", model)
     assert (q.layer, q.position, q.tau, q.kappa, q.meta) == (2, "attn", 0.42, 5, p.meta)
@@ -938,15 +964,15 @@ def planted_probe(model, tokens, layer=0, tau=0.5):
     w = torch.zeros(model.args.dim)
     w[:32] = -20.0
     w[list(tokens)] = 20.0
-    return probe_mod.Probe(w, layer, "attn", tau, 5, probe_mod.identity(model))
+    return switchsd.Probe(w, layer, "attn", tau, 5, switchsd.model_identity(model))
 
 
 def test_probe_scores_align_with_output_ids(copier_model):
     m = copier_model
-    p = probe_mod.Probe(torch.randn(m.args.dim, generator=torch.Generator().manual_seed(0)) * 0.3,
+    p = switchsd.Probe(torch.randn(m.args.dim, generator=torch.Generator().manual_seed(0)) * 0.3,
                         1, "attn", 0.5, 5)
     prompt = repetitive_prompts(1, seed=2)[0]
-    res = switchsd.generate(m, prompt, "copy", CopyDrafter(2, 3, 8), probe=p, max_new_tokens=30)
+    res = switchsd.generate(m, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 8)), probe=p, max_new_tokens=30)
     assert len(res.probe_scores) == len(res.output_ids) and res.probe_scores[-1] is None
     assert max(s.accepted for s in res.steps) > 2  # multi-token steps happened
     ids = prompt + res.output_ids
@@ -959,8 +985,8 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
     tok = llama.Tokenizer(folder)
     rows = [{"id": f"k-{i}", "kind": "k", "split": sp, "prompt": f"say {i} twice: abc {i} abc {i}"}
             for i, sp in enumerate(["train"] * 6 + ["val"] * 2 + ["test"] * 2)]
-    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)
-    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)  # resumes: no-op
+    probe_mod.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)
+    probe_mod.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=12)  # resumes: no-op
     comps = data.read_jsonl(tmp_path / "c.jsonl")
     assert [c["id"] for c in comps] == [r["id"] for r in rows]
     data.extract_features(model, comps, tmp_path / "features", kappa=2)
@@ -977,15 +1003,15 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
     assert len(report["layers"]) == 2 * model.args.n_layers and set(weights) == {
         (p, l) for p in ("attn", "mlp") for l in range(model.args.n_layers)}
     best = probe_mod.select(report)  # the errors command reads the same stored features
-    probe_mod.Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], 2,
-                    probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    switchsd.Probe(weights["attn", best["layer"]], best["layer"], "attn", best["tau"], 2,
+                    switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
     probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "p.safetensors")])
     assert f"F1 {best['test_f1']:.3f}" in capsys.readouterr().out
     probe_mod.main(["alignment", "--work", str(tmp_path), "--layer", str(best["layer"])])
     lines = capsys.readouterr().out.splitlines()  # the unshifted pairing is the trainer's own probe
     assert len(lines) == 3 and f"Y_(j+0): tau {best['tau']:.2f}" in lines[1], lines
     assert f"test F1 {best['test_f1']:.3f} AUC {best['test_auc']:.4f}" in lines[1], lines
-    probe_mod.Probe(torch.zeros(64), 0, "attn", 0.5, 2, {"fingerprint": "0" * 16}).save(tmp_path / "q.safetensors")
+    switchsd.Probe(torch.zeros(64), 0, "attn", 0.5, 2, {"fingerprint": "0" * 16}).save(tmp_path / "q.safetensors")
     with pytest.raises(ValueError, match="made for another model"):
         probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "q.safetensors")])
 
@@ -994,14 +1020,14 @@ def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
     model, folder = tiny
     prompts = [list(range(30, 45)), [7, 8, 9], list(range(100, 140)), [5] * 500]
     stop = (switchsd.generate(model, prompts[1], max_new_tokens=20).output_ids[6],)  # one prompt stops early
-    outs = data.batched_greedy(model, prompts, 20, stop)
+    outs = probe_mod.batched_greedy(model, prompts, 20, stop)
     for ids, out in zip(prompts, outs):
         assert out == switchsd.generate(model, ids, max_new_tokens=20, stop_ids=stop).output_ids
     assert len(outs[1]) == 7 and len(outs[3]) == 12  # the stop token, and the 512-token context
     with pytest.raises(ValueError, match="prompt 1 is 600 tokens"):
-        data.batched_greedy(model, [[5], [5] * 600], 4)
+        probe_mod.batched_greedy(model, [[5], [5] * 600], 4)
     with pytest.raises(ValueError, match="--batch must be at least 1"):
-        data.generate_completions(model, llama.Tokenizer(folder), [], tmp_path / "x.jsonl", batch=0)
+        probe_mod.generate_completions(model, llama.Tokenizer(folder), [], tmp_path / "x.jsonl", batch=0)
     # the completions command batches too, and Spec-Bench rows read as their first turn
     bench = tmp_path / "sb.jsonl"
     bench.write_text("".join(json.dumps({"question_id": q, "category": "qa", "turns": [f"q {q} abc", "more"]}) + "\n"
@@ -1010,7 +1036,7 @@ def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
     assert rows[0] == {"id": "sb-0", "kind": "qa", "prompt": "q 0 abc", "split": "train"}
     assert [r["split"] for r in rows].count("val") == 1
     tok = llama.Tokenizer(folder)
-    data.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=8, batch=4)
+    probe_mod.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=8, batch=4)
     comps = data.read_jsonl(tmp_path / "c.jsonl")
     assert [c["id"] for c in comps] == [r["id"] for r in rows]
     one = switchsd.generate(model, tok.prompt_ids("q 9 abc"), max_new_tokens=8, stop_ids=tok.eos_ids)
@@ -1027,17 +1053,17 @@ def test_gate_truth_table(copier_model):
     prompt = repetitive_prompts(1, seed=9)[0]
     on, off = planted_probe(m, range(32)), planted_probe(m, [])
     for probe, kappa, expect_copy in ((on, 2, True), (on, 40, False), (off, 2, False), (off, 40, False)):
-        res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(kappa, 2, 8), probe=probe, max_new_tokens=30)
+        res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(kappa, 2, 8)), probe=probe, max_new_tokens=30)
         assert any(s.path == "copy" for s in res.steps) == expect_copy, (probe is on, kappa)
     # a probe firing on chosen tokens: copy steps start exactly after those tokens
     chosen = {3, 7, 11, 19, 23}
     probe = planted_probe(m, chosen)
-    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(2, 2, 8), probe=probe, max_new_tokens=40)
+    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 8)), probe=probe, max_new_tokens=40)
     ctx = list(prompt)
     for s in res.steps:
         fired = ctx[-2] in chosen  # the score comes from the last token the target ran
         room = len(ctx) - len(prompt) < 39  # with one token left to emit, nothing is drafted
-        assert s.path == ("copy" if fired and room and CopyDrafter(2).matches(ctx) else "ar")
+        assert s.path == ("copy" if fired and room and CopyDrafter(CopyConfig(2)).matches(ctx) else "ar")
         ctx += res.output_ids[len(ctx) - len(prompt):][:s.accepted + 1]
 
 
@@ -1049,7 +1075,7 @@ def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
         for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
             for method in ("switchsd", "banditspec"):
                 probe = planted_probe(target, range(0, 32, 2))
-                res = switchsd.generate(target, prompt, method, CopyDrafter(3, 3, 10), make(), probe,
+                res = switchsd.generate(target, prompt, method, CopyDrafter(CopyConfig(3, 3, 10)), make(), probe,
                                         max_new_tokens=40)
                 assert res.output_ids == ref, method
                 copied += sum(s.accepted for s in res.steps if s.path == "copy")
@@ -1059,15 +1085,15 @@ def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
 def test_switchsd_sampling_is_lossless(tmp_path):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
-    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), 2)
-    probe = probe_mod.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
+    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), sps(gamma=2))
+    probe = switchsd.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
     prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
     p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
     joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
              for a in range(8) for b in range(8)}
     n, counts = 2000, {}
     for seed in range(n):
-        res = switchsd.generate(target, prompt, "switchsd", CopyDrafter(2, 2, 3), draft, probe,
+        res = switchsd.generate(target, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 3)), draft, probe,
                                 max_new_tokens=2, temperature=1.0, seed=seed)
         counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
     draws_match(counts, joint, n)
@@ -1089,7 +1115,7 @@ def test_eagle3_training_unroll_matches_inference_drafting(neural_setup):
     run on the drafter's own proposals, its argmax at every step is that proposal."""
     target, _, head, _ = neural_setup
     prompt = repetitive_prompts(1, seed=21)[0]
-    d = drafters.Eagle3(head, target, gamma=4)
+    d = drafters.Eagle3(head, target, eagle(gamma=4))
     d.reset(len(prompt) + 8)
     L = target.args.n_layers
     with torch.inference_mode():
@@ -1242,7 +1268,7 @@ def test_bench_quick_smoke_run(tmp_path):
     target = llama.Model.from_pretrained(src, torch.float32)
     draft = noisy_copy(tmp_path / "d", src, 0.1)
     eagle, _ = make_eagle(tmp_path / "e", target)
-    planted = probe_mod.Probe(torch.zeros(64), 1, "attn", 0.5, 5, probe_mod.identity(target))
+    planted = switchsd.Probe(torch.zeros(64), 1, "attn", 0.5, 5, switchsd.model_identity(target))
     planted.save(tmp_path / "p.safetensors")  # score 0.5 >= tau: the gate is the kappa-gram alone
     rows = [{"prompt": f"def f{i}(x):\n    return x + x + {i}\n"} for i in range(2)]
     (tmp_path / "he.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -1338,7 +1364,7 @@ def test_gguf_conversion_round_trip(tmp_path):
 
 def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
     model, folder = tiny
-    probe_mod.Probe(torch.zeros(64), 1, "attn", 0.5, 2, probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    switchsd.Probe(torch.zeros(64), 1, "attn", 0.5, 2, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
     draft = noisy_copy(tmp_path / "d", folder, 0.1)
     eagle, _ = make_eagle(tmp_path / "e", model)
     base = ["--model", str(folder), "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--dtype", "float32",
@@ -1366,7 +1392,7 @@ def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(vocab))
     r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps", "--draft-model", str(other))
     assert r.returncode != 0 and "tokenizer differs from the target's" in r.stderr
-    probe_mod.Probe(torch.zeros(32), 1, "attn", 0.5, 5, {"hidden_size": 32}).save(tmp_path / "p.safetensors")
+    switchsd.Probe(torch.zeros(32), 1, "attn", 0.5, 5, {"hidden_size": 32}).save(tmp_path / "p.safetensors")
     r = run_cli("--model", str(folder), "--prompt", "x", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors"))
     assert r.returncode != 0 and "probe made for a model with hidden_size 32, this model has 64" in r.stderr
     r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps")
@@ -1375,7 +1401,7 @@ def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
 
 def test_probe_eval_command(tiny, tmp_path):
     model, folder = tiny
-    probe_mod.Probe(torch.randn(64), 1, "attn", 0.5, 3, probe_mod.identity(model)).save(tmp_path / "p.safetensors")
+    switchsd.Probe(torch.randn(64), 1, "attn", 0.5, 3, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"abc{i} abc{i} abc{i}"}) + "\n"
                                                     for i in range(3)))
     r = subprocess.run([sys.executable, str(HERE / "probe.py"), "eval", "--model", str(folder), "--probe",
