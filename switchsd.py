@@ -356,33 +356,8 @@ def summary(res: Result) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# Command line
+# Methods: which drafters each one uses
 # ---------------------------------------------------------------------------------------
-
-def provenance(res: Result) -> list[str]:
-    """How each output token was produced: "copy", "neural" (drafted, then verified) or
-    "target" (the target's own token: every step's bonus token)."""
-    kinds = []
-    for s in res.steps:
-        kinds += [s.path] * s.accepted + ["target"]
-    return kinds[:len(res.output_ids)]
-
-
-def show(tok, res: Result, mode: str) -> str:
-    """The output with ANSI background colours: by provenance, or shaded by probe score."""
-    colour = {"copy": "\x1b[30;43m", "neural": "\x1b[30;46m", "target": ""}
-    kinds, pieces = provenance(res), []
-    for i, piece in enumerate(tok.pieces(res.output_ids)):
-        if mode == "path":
-            c = colour[kinds[i]]
-        else:
-            s = res.probe_scores[i]
-            c = "" if s is None else f"\x1b[30;48;2;255;{int(255 - 200 * s)};{int(255 - 255 * s)}m"
-        pieces.append(c + piece + ("\x1b[0m" if c else ""))
-    legend = ("\n\n[\x1b[30;43mcopied\x1b[0m \x1b[30;46mneural draft\x1b[0m target's own]"
-              if mode == "path" else "\n\n[background: probe score, white 0 -> red 1]")
-    return "".join(pieces) + legend
-
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
 DTYPES = ("auto", "bfloat16", "float32")

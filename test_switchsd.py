@@ -1,4 +1,5 @@
-"""Tests on tiny random models that the tests write as real checkpoint folders.
+"""Tests on tiny random models that the tests write as real checkpoint folders, in the
+layer order of the code (llama, data, drafters, switchsd, probe, bench, fetch).
 
 Token identity is tested in float32: a batched verification pass in bf16 may flip a
 near-tied argmax, which is a property of bf16, not a bug (bench.py reports bf16 agreement).
@@ -21,6 +22,11 @@ import llama
 import probe as probe_mod
 import switchsd
 from drafters import CopyConfig, CopyDrafter, CopySpec, Eagle3Config, PromptLookup, SPSConfig, Tree
+
+
+# ---------------------------------------------------------------------------------------
+# Builders: tiny checkpoints, drafters and references shared by the tests below
+# ---------------------------------------------------------------------------------------
 
 HERE = Path(__file__).parent
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -127,6 +133,53 @@ def make_copying_checkpoint(folder: Path, seed=0, noise=0.01, vocab=32):
     return folder
 
 
+def noisy_copy(folder: Path, src: Path, noise: float, seed=0) -> Path:
+    """A draft model: the target's checkpoint plus noise (agrees often, not always)."""
+    from safetensors.torch import load_file
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (src / f).exists():
+            (folder / f).write_text((src / f).read_text())
+    g = torch.Generator().manual_seed(seed)
+    t = load_file(str(src / "model.safetensors"))
+    save_file({k: v + noise * v.std() * torch.randn(v.shape, generator=g) for k, v in t.items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def eagle_config(model, draft_vocab):
+    a = model.args
+    return {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": a.dim, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 24, "intermediate_size": 96, "rms_norm_eps": 1e-6,
+            "vocab_size": a.vocab_size, "draft_vocab_size": draft_vocab, "rope_theta": 10000.0,
+            "num_hidden_layers": 1}
+
+
+def make_eagle(folder: Path, model, draft_vocab=None, seed=0, fmt="safetensors", prefix="midlayer."):
+    """A random EAGLE-3 head in the official layout, over the draft vocabulary's top ids."""
+    draft_vocab = draft_vocab or model.args.vocab_size
+    cfg = eagle_config(model, draft_vocab)
+    head = drafters.Eagle3Head(cfg, model.args.dim)
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for k, v in head.state_dict().items():
+        if k == "d2t":  # draft id i -> target id used[i]: every other id, here
+            used = torch.arange(draft_vocab) * (model.args.vocab_size // draft_vocab)
+            v = used - torch.arange(draft_vocab)
+        elif k.endswith("norm.weight"):
+            v = 1 + 0.1 * torch.randn(v.shape, generator=g)
+        else:
+            v = 0.3 * torch.randn(v.shape, generator=g)
+        state[k.replace("midlayer.", prefix, 1)] = v.contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if fmt == "safetensors":
+        save_file(state, str(folder / "model.safetensors"))
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
+    return folder, state
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = make_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2")
@@ -137,6 +190,30 @@ def tiny(tmp_path_factory):
 def copier_model(tmp_path_factory):
     return llama.Model.from_pretrained(make_copying_checkpoint(tmp_path_factory.mktemp("cp") / "m"),
                                        torch.float32)
+
+
+@pytest.fixture(scope="module")
+def neural_setup(tmp_path_factory):
+    """The copying target, a noisy copy of it as SPS draft, and a random EAGLE-3 head."""
+    base = tmp_path_factory.mktemp("neural")
+    src = make_copying_checkpoint(base / "target")
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32)
+    head = drafters.Eagle3Head.load(make_eagle(base / "eagle", target, draft_vocab=16)[0], target)
+    draft8 = llama.Model.from_pretrained(base / "draft", torch.float32, int8=True)
+    return target, draft, head, draft8
+
+
+def neural_drafters(setup):
+    target, draft, head, draft8 = setup
+    return [("sps", lambda: drafters.DraftModel(draft, sps(gamma=4))),
+            ("sps-int8", lambda: drafters.DraftModel(draft8, sps(gamma=4, vocab=8, topk=2))),  # int8, cut head
+            ("sps-stop", lambda: drafters.DraftModel(draft, sps(gamma=4, threshold=0.99))),
+            ("sps-vocab", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8))),  # ids < 8 and the context's
+            ("sps-top3", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8, topk=3))),  # leaves, cut head
+            ("eagle3", lambda: drafters.Eagle3(head, target, eagle(gamma=3))),
+            ("eagle3-top3", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=3))),
+            ("eagle3-stop", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=2, threshold=0.5)))]
 
 
 def repetitive_prompts(n, V=32, seed=0):
@@ -178,8 +255,77 @@ def ar_reference(model, prompt, n):
     return ids[len(prompt):]
 
 
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(HERE / "switchsd.py"), *args],
+                          capture_output=True, text=True, cwd=HERE, timeout=300)
+
+
+def draws_match(counts, p, n):
+    """Pearson's chi-square test of the draws against p at significance 1e-4 (cells with an
+    expected count under 5 pooled); a draw p gives probability 0 fails outright."""
+    assert all(p.get(x, 0.0) > 0 for x in counts), "drew an outcome the target never emits"
+    cells, pooled = [], [0.0, 0]
+    for x, px in p.items():
+        if n * px < 5:
+            pooled[0] += n * px
+            pooled[1] += counts.get(x, 0)
+        else:
+            cells.append((n * px, counts.get(x, 0)))
+    if pooled[0] > 0:
+        cells.append(tuple(pooled))
+    chi2 = sum((c - e) ** 2 / e for e, c in cells)
+    df = len(cells) - 1
+    z = 3.719  # the standard normal's 1 - 1e-4 quantile; Wilson-Hilferty for chi-square's
+    assert chi2 < df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3, (chi2, df)
+
+
+def brute_candidates(ctx, kappa, width, depth):
+    key = ctx[-kappa:]
+    cands = []
+    for e in range(len(ctx) - 2, kappa - 2, -1):  # most recent earlier occurrence first
+        if ctx[e - kappa + 1:e + 1] == key:
+            c = ctx[e + 1:e + 1 + depth]
+            if c not in cands:
+                cands.append(c)
+    return cands[:width]
+
+
+def brute_labels(ids, start, kappa):
+    """Y_j by definition: j inside a span of >= kappa tokens that also starts earlier."""
+    n, y = len(ids), [0] * len(ids)
+    for a in range(n):
+        for b in range(a + kappa - 1, n):
+            if any(ids[c:c + b - a + 1] == ids[a:b + 1] for c in range(a)):
+                y[a:b + 1] = [1] * (b - a + 1)
+    return y[start:]
+
+
+def planted_probe(model, tokens, layer=0, tau=0.5):
+    """A probe that fires (score ~1) exactly when the current token is one of `tokens`:
+    the copying model keeps the current token one-hot in dims 0..31 of its residual."""
+    w = torch.zeros(model.args.dim)
+    w[:32] = -20.0
+    w[list(tokens)] = 20.0
+    return switchsd.Probe(w, layer, "attn", tau, 5, switchsd.model_identity(model))
+
+
+class RandomCopier(CopyDrafter):
+    """Copies at random steps (seeded): drives arbitrary interleavings of copy and neural."""
+
+    def __init__(self, seed):
+        super().__init__(CopyConfig(kappa=1, width=2, depth=6))
+        self.rng = random.Random(seed)
+
+    def propose(self, ctx, depth):
+        return super().propose(ctx, depth) if self.rng.random() < 0.5 else None
+
+
+METHODS = [("pld", PromptLookup), ("copyspec", CopySpec), ("copy", CopyDrafter),
+           ("copy", lambda: CopyDrafter(CopyConfig(kappa=2, width=3, depth=7)))]
+
+
 # ---------------------------------------------------------------------------------------
-# llama.py
+# llama.py: the model, cache, masks, checkpoints, tokenizer
 # ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -235,86 +381,6 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
         torch.testing.assert_close(logits[node:node + len(c)], alone, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(logits[0], full_logits(model, prefix)[-1], rtol=1e-4, atol=1e-4)
         node += len(c)
-
-
-def test_int8_weights(tiny, monkeypatch):
-    """Int8Linear keeps each weight within half a step (s / 2) of W and, on a CPU, rounds each
-    row of x to a * X with its own a, then computes a * (X @ Q.T) * s with exact integer
-    products: a row's result is the same whatever rows come with it (a draft step's one row,
-    a catch-up's few, a prefill's many). Its rows() cut is those rows; a quantized model is the
-    model with those two roundings at every Linear (biases and the embedding as they were)."""
-    model, folder = tiny
-    lin = model.model.layers[0].self_attn.q_proj  # Qwen-style: it has a bias
-    q = llama.Int8Linear.quantize(lin)
-    assert q.weight.dtype == torch.int8 and q.scales.shape == (lin.out_features,)
-    w = q.weight.float() * q.scales[:, None]
-    assert ((w - lin.weight).abs() <= q.scales[:, None] / 2 + 1e-7).all()
-    x = torch.randn(80, lin.in_features, generator=torch.Generator().manual_seed(3))
-    a = x.abs().amax(1, keepdim=True) / 127
-    X = (x / a).round()
-    ref = (X.double() @ q.weight.double().T) * a.double() * q.scales.double() + lin.bias.double()
-    y = q(x)
-    torch.testing.assert_close(y, ref.float(), rtol=1e-6, atol=1e-6)
-    for T in (1, 2, 7, 20):  # rows alone or together: bit for bit
-        assert torch.equal(q(x[:T]), y[:T]) and torch.equal(q(x[T:T + 1]), y[T:T + 1])
-    # and it stays within the two roundings' reach: |x - aX| <= a / 2, |W - sQ| <= s / 2
-    err, reach = (y - lin(x)).abs(), a / 2 * w.abs().sum(1) + x.abs().sum(1, keepdim=True) * q.scales / 2
-    assert err.max() > 1e-4 and (err <= reach + 1e-5).all()
-    assert q(x.bfloat16()).dtype == torch.bfloat16
-    ids = torch.tensor([3, 0, 7])
-    torch.testing.assert_close(q.rows(ids)(x), y[:, ids])
-    torch.testing.assert_close(lin.rows(ids)(x), lin(x)[:, ids])
-    m8 = llama.Model.from_pretrained(folder, torch.float32, int8=True)
-    assert m8.dtype == torch.float32 and not any(isinstance(m, llama.Linear) for m in m8.modules())
-    assert sum(isinstance(m, llama.Int8Linear) for m in m8.modules()) == 7 * model.args.n_layers + 1
-    # The same model as float32 products of the rounded rows and weights: (a X) @ (s Q).T
-    deq = llama.Model.from_pretrained(folder, torch.float32)
-    for m in deq.modules():
-        if isinstance(m, llama.Linear):  # a new Parameter: a tied embedding keeps its own
-            q = llama.Int8Linear.quantize(m)
-            m.weight = torch.nn.Parameter(q.weight.float() * q.scales[:, None], requires_grad=False)
-    ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
-    got = full_logits(m8, ids)
-    with monkeypatch.context() as mp:
-        def rounded_rows(self, x):
-            a = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
-            return torch.nn.functional.linear((x / a).round() * a, self.weight, self.bias)
-        mp.setattr(llama.Linear, "forward", rounded_rows)
-        torch.testing.assert_close(got, full_logits(deq, ids), rtol=1e-4, atol=1e-3)
-    assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
-
-
-def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
-    """4-15 float32 rows are multiplied by blocks of weight rows (not by F.linear, whose MKL
-    path streams the weights once per few rows), with the bias where the layer has one, and
-    come back as the same T rows as one row at a time; other widths, and a layer whose rows
-    do not split into blocks, go to F.linear as they are."""
-    q = tiny[0].model.layers[0].self_attn.q_proj
-    odd = llama.Linear(q.in_features, 33)  # 33 rows: no whole blocks
-    assert q.bias is not None  # Qwen2: q/k/v carry a bias
-    widths = []
-    real = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: widths.append(len(x)) or real(x, w, b))
-    for lin in (q, tiny[0].model.layers[0].mlp.gate_proj, odd):
-        for T in (1, 3, 4, 9, 15, 16, 21):
-            widths.clear()
-            x = torch.randn(T, lin.in_features)
-            y = lin(x)
-            assert y.shape == (T, lin.out_features) and (widths == [T]) == (lin is odd or not 3 < T < 16)
-            torch.testing.assert_close(y, torch.cat([real(r[None], lin.weight, lin.bias) for r in x]),
-                                       rtol=1e-5, atol=1e-5)
-
-
-def test_default_dtype_follows_the_hardware(monkeypatch, tiny):
-    """bf16 on CUDA and on a CPU that computes in it (AVX512-bf16 or AMX), float32 on one that
-    would convert every weight; a checkpoint loaded without a dtype gets it."""
-    for bf16, amx, want in [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
-                            (False, False, torch.float32)]:
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-        assert llama.default_dtype("cpu") == want and llama.default_dtype("cuda") == torch.bfloat16
-        assert switchsd.dtype_of("auto") == want and switchsd.dtype_of("float32") == torch.float32
-        assert llama.Model.from_pretrained(tiny[1]).dtype == want
 
 
 def test_kv_compaction_equals_recomputation(tiny):
@@ -413,9 +479,325 @@ def test_sharded_checkpoint(tmp_path):
     torch.testing.assert_close(model.lm_head.weight, t["model.embed_tokens.weight"])
 
 
+def test_int8_weights(tiny, monkeypatch):
+    """Int8Linear keeps each weight within half a step (s / 2) of W and, on a CPU, rounds each
+    row of x to a * X with its own a, then computes a * (X @ Q.T) * s with exact integer
+    products: a row's result is the same whatever rows come with it (a draft step's one row,
+    a catch-up's few, a prefill's many). Its rows() cut is those rows; a quantized model is the
+    model with those two roundings at every Linear (biases and the embedding as they were)."""
+    model, folder = tiny
+    lin = model.model.layers[0].self_attn.q_proj  # Qwen-style: it has a bias
+    q = llama.Int8Linear.quantize(lin)
+    assert q.weight.dtype == torch.int8 and q.scales.shape == (lin.out_features,)
+    w = q.weight.float() * q.scales[:, None]
+    assert ((w - lin.weight).abs() <= q.scales[:, None] / 2 + 1e-7).all()
+    x = torch.randn(80, lin.in_features, generator=torch.Generator().manual_seed(3))
+    a = x.abs().amax(1, keepdim=True) / 127
+    X = (x / a).round()
+    ref = (X.double() @ q.weight.double().T) * a.double() * q.scales.double() + lin.bias.double()
+    y = q(x)
+    torch.testing.assert_close(y, ref.float(), rtol=1e-6, atol=1e-6)
+    for T in (1, 2, 7, 20):  # rows alone or together: bit for bit
+        assert torch.equal(q(x[:T]), y[:T]) and torch.equal(q(x[T:T + 1]), y[T:T + 1])
+    # and it stays within the two roundings' reach: |x - aX| <= a / 2, |W - sQ| <= s / 2
+    err, reach = (y - lin(x)).abs(), a / 2 * w.abs().sum(1) + x.abs().sum(1, keepdim=True) * q.scales / 2
+    assert err.max() > 1e-4 and (err <= reach + 1e-5).all()
+    assert q(x.bfloat16()).dtype == torch.bfloat16
+    ids = torch.tensor([3, 0, 7])
+    torch.testing.assert_close(q.rows(ids)(x), y[:, ids])
+    torch.testing.assert_close(lin.rows(ids)(x), lin(x)[:, ids])
+    m8 = llama.Model.from_pretrained(folder, torch.float32, int8=True)
+    assert m8.dtype == torch.float32 and not any(isinstance(m, llama.Linear) for m in m8.modules())
+    assert sum(isinstance(m, llama.Int8Linear) for m in m8.modules()) == 7 * model.args.n_layers + 1
+    # The same model as float32 products of the rounded rows and weights: (a X) @ (s Q).T
+    deq = llama.Model.from_pretrained(folder, torch.float32)
+    for m in deq.modules():
+        if isinstance(m, llama.Linear):  # a new Parameter: a tied embedding keeps its own
+            q = llama.Int8Linear.quantize(m)
+            m.weight = torch.nn.Parameter(q.weight.float() * q.scales[:, None], requires_grad=False)
+    ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    got = full_logits(m8, ids)
+    with monkeypatch.context() as mp:
+        def rounded_rows(self, x):
+            a = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+            return torch.nn.functional.linear((x / a).round() * a, self.weight, self.bias)
+        mp.setattr(llama.Linear, "forward", rounded_rows)
+        torch.testing.assert_close(got, full_logits(deq, ids), rtol=1e-4, atol=1e-3)
+    assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
+
+
+def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
+    """4-15 float32 rows are multiplied by blocks of weight rows (not by F.linear, whose MKL
+    path streams the weights once per few rows), with the bias where the layer has one, and
+    come back as the same T rows as one row at a time; other widths, and a layer whose rows
+    do not split into blocks, go to F.linear as they are."""
+    q = tiny[0].model.layers[0].self_attn.q_proj
+    odd = llama.Linear(q.in_features, 33)  # 33 rows: no whole blocks
+    assert q.bias is not None  # Qwen2: q/k/v carry a bias
+    widths = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: widths.append(len(x)) or real(x, w, b))
+    for lin in (q, tiny[0].model.layers[0].mlp.gate_proj, odd):
+        for T in (1, 3, 4, 9, 15, 16, 21):
+            widths.clear()
+            x = torch.randn(T, lin.in_features)
+            y = lin(x)
+            assert y.shape == (T, lin.out_features) and (widths == [T]) == (lin is odd or not 3 < T < 16)
+            torch.testing.assert_close(y, torch.cat([real(r[None], lin.weight, lin.bias) for r in x]),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_default_dtype_follows_the_hardware(monkeypatch, tiny):
+    """bf16 on CUDA and on a CPU that computes in it (AVX512-bf16 or AMX), float32 on one that
+    would convert every weight; a checkpoint loaded without a dtype gets it."""
+    for bf16, amx, want in [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                            (False, False, torch.float32)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+        assert llama.default_dtype("cpu") == want and llama.default_dtype("cuda") == torch.bfloat16
+        assert switchsd.dtype_of("auto") == want and switchsd.dtype_of("float32") == torch.float32
+        assert llama.Model.from_pretrained(tiny[1]).dtype == want
+
+
 # ---------------------------------------------------------------------------------------
-# The decode loop and the CLI
+# data.py: copy labels, surface scores, reference text
 # ---------------------------------------------------------------------------------------
+
+def test_copy_labels_match_brute_force():
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randrange(1, 45)
+        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
+        start, kappa = rng.randrange(n), rng.randrange(1, 7)
+        assert data.copy_labels(ids, start, kappa).tolist() == brute_labels(ids, start, kappa)
+
+
+def test_surface_scores_match_brute_force_and_imply_the_label():
+    """The longest earlier-occurring suffix ending at j, checked by search; a score >= kappa
+    (the kappa-gram condition) always lies inside a labelled copy span."""
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randrange(1, 40)
+        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
+        start, kappa, longest = rng.randrange(n), rng.randrange(1, 6), rng.randrange(1, 9)
+        want = [max([L for L in range(1, min(longest, j + 1) + 1)
+                     if any(ids[a:a + L] == ids[j - L + 1:j + 1] for a in range(j - L + 1))], default=0)
+                for j in range(start, n)]
+        got = data.surface_scores(ids, start, longest)
+        assert got.tolist() == want
+        if kappa <= longest:
+            assert (data.copy_labels(ids, start, kappa)[got >= kappa] == 1).all()
+    r = probe_mod.surface_report(np.array([0, 1, 5, 6]), np.array([0, 1, 1, 1]), 5)
+    assert r["surface_auc"] == 1.0 and r["kgram_precision"] == 1.0 and r["kgram_recall"] == pytest.approx(2 / 3)
+
+
+def test_reference_text_for_heads(tiny):
+    tok = llama.Tokenizer(tiny[1])
+    rows = data.reference_text(tok, n=20, length=64)
+    assert [r["kind"] for r in rows] == ["text-code"] * 10 + ["text-prose"] * 10
+    assert len({r["id"] for r in rows}) == 20
+    assert [i for i, r in enumerate(rows) if r["split"] == "val"] == [9, 19]  # a head can train on text alone
+    assert all(32 <= len(r["output_ids"]) <= 64 for r in rows)
+    # An assistant turn of the chat format, so the target's features are those it decodes with.
+    assert rows[0]["prompt_ids"] == tok.prompt_ids("Show me a piece of Python's standard library.")
+    assert tok.decode(rows[0]["output_ids"]).startswith("```python\n")
+    assert rows == data.reference_text(tok, n=20, length=64)  # deterministic: features resume
+
+
+# ---------------------------------------------------------------------------------------
+# drafters.py: copy retrieval, PLD and CopySpec, the EAGLE-3 loader and trainer
+# ---------------------------------------------------------------------------------------
+
+def test_kgram_index_matches_brute_force():
+    rng = random.Random(0)
+    for trial in range(30):
+        kappa, width, depth = rng.randrange(1, 5), rng.randrange(1, 5), rng.randrange(1, 8)
+        d = CopyDrafter(CopyConfig(kappa, width, depth))
+        ctx = []
+        for _ in range(120):  # grow the context one token at a time, as decoding does
+            ctx.append(rng.randrange(3 if trial % 2 else 6))
+            want = brute_candidates(ctx, kappa, width, depth) if len(ctx) >= kappa else []
+            assert d.matches(ctx) == bool(want)
+            tree = d.propose(ctx, depth)
+            got = [] if tree is None else tree.paths()
+            assert sorted(got) == sorted(c for c in want if not any(
+                o != c and o[:len(c)] == c for o in want))  # a prefix of another is merged
+
+
+def test_match_at_the_very_end_of_the_context():
+    d = CopyDrafter(CopyConfig(kappa=3, width=4, depth=20))
+    ctx = [9, 1, 1, 1, 1]  # (1,1,1) ended one token ago: the continuation is just [1]
+    assert d.propose(ctx, 20).paths() == [[1]]
+    ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
+    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
+    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
+
+
+def test_pld_and_copyspec_follow_their_papers():
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 40, 1, 2, 3]
+    assert PromptLookup().propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    short = [1, 2, 3, 9, 9, 1, 2, 3]  # a match without 10 following tokens is skipped
+    assert PromptLookup().propose(short, 20) is None
+    cs = CopySpec()
+    assert cs.propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # first occurrence
+    assert cs.propose(ctx + [77], 20) is None
+
+
+def test_eagle3_loader_official_layout_and_variants(copier_model, tmp_path):
+    m = copier_model
+    for fmt, prefix in (("safetensors", "midlayer."), ("bin", "midlayer."), ("safetensors", "layers.0.")):
+        folder, state = make_eagle(tmp_path / f"{fmt}-{prefix}", m, draft_vocab=16, fmt=fmt, prefix=prefix)
+        head = drafters.Eagle3Head.load(folder, m)
+        assert head.fc.weight.shape == (m.args.dim, 3 * m.args.dim)
+        assert head.midlayer.self_attn.q_proj.weight.shape == (4 * 24, 2 * m.args.dim)  # head_dim from config
+        assert head.lm_head.weight.shape == (16, m.args.dim)
+        torch.testing.assert_close(head.midlayer.mlp.down_proj.weight, state[prefix + "mlp.down_proj.weight"])
+        assert (torch.arange(16) + head.d2t).tolist() == list(range(0, 32, 2))
+    folder, state = make_eagle(tmp_path / "nod2t", m)  # equal vocabularies: d2t may be absent
+    del state["d2t"]
+    save_file(state, str(folder / "model.safetensors"))
+    assert drafters.Eagle3Head.load(folder, m).d2t.abs().sum() == 0
+    folder, state = make_eagle(tmp_path / "nod2t16", m, draft_vocab=16)
+    del state["d2t"]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="no d2t, and draft_vocab_size 16 differs"):
+        drafters.Eagle3Head.load(folder, m)
+    state["d2t"] = torch.zeros(16, dtype=torch.long)
+    state["fc.weight"] = torch.zeros(m.args.dim, 3 * m.args.dim + 3)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="fc.weight takes 387 features"):
+        drafters.Eagle3Head.load(folder, m)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "target_fingerprint": "0123456789abcdef"}))
+    with pytest.raises(ValueError, match="this head was trained for another target"):
+        drafters.Eagle3Head.load(folder, m)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
+        drafters.Eagle3Head.load(folder, m)
+
+
+def test_draft_vocabulary_restricts_proposals(neural_setup):
+    """vocab=N: drafted tokens come from ids < N and the context only; without it they do not."""
+    draft = neural_setup[1]
+    outside = {0: 0, 4: 0}
+    for vocab in outside:
+        d = drafters.DraftModel(draft, sps(gamma=4, vocab=vocab))
+        for seed, prompt in enumerate(repetitive_prompts(6, seed=3)):
+            prompt = [t for t in prompt if t % 3]  # leave some ids out of the context
+            d.reset(len(prompt) + 8)
+            tree = d.propose(prompt, 4, 20.0, 1.0, torch.Generator().manual_seed(seed))  # near-uniform q
+            outside[vocab] += sum(t >= vocab and t not in prompt for t in tree.tokens[1:])
+    assert outside[4] == 0 and outside[0] > 0, outside
+
+
+def test_eagle3_training_unroll_matches_inference_drafting(neural_setup):
+    """The training-time test (drafters.unroll) computes exactly what chain drafting does:
+    run on the drafter's own proposals, its argmax at every step is that proposal."""
+    target, _, head, _ = neural_setup
+    prompt = repetitive_prompts(1, seed=21)[0]
+    d = drafters.Eagle3(head, target, eagle(gamma=4))
+    d.reset(len(prompt) + 8)
+    L = target.args.n_layers
+    with torch.inference_mode():
+        mask, pos = llama.causal_mask(len(prompt) - 1, 0)
+        _, hid = target(torch.tensor(prompt[:-1]), pos, mask, target.new_cache(len(prompt)), d.capture)
+        d.observe(hid)
+        drafted = d.propose(prompt, 4, 0.0, 1.0, None).tokens[1:]
+        feats = torch.cat([hid[c] for c in d.capture], -1)
+        logits = drafters.unroll(head, target.model.embed_tokens, feats, prompt + drafted, 4)
+    j = len(prompt) - 2  # the row of the last real position
+    got = [int(lg[j].argmax()) + int(head.d2t[int(lg[j].argmax())]) for lg in logits]
+    assert got == drafted
+
+
+def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
+    target = neural_setup[0]
+    prompt = repetitive_prompts(1, seed=5)[0]
+    ids = prompt + switchsd.generate(target, prompt, max_new_tokens=30).output_ids  # self-distillation
+    cfg = eagle_config(target, target.args.vocab_size)
+    torch.manual_seed(0)
+    head = drafters.Eagle3Head(cfg, target.args.dim).float()
+    with torch.inference_mode():
+        mask, pos = llama.causal_mask(len(ids), 0)
+        logits, hid = target(torch.tensor(ids), pos, mask, target.new_cache(len(ids)), [("in", 2), ("in", 2), ("in", 1)])
+    feats = torch.cat([hid["in", 2], hid["in", 2], hid["in", 1]], -1)
+    top_logits, top_ids = logits.topk(8, dim=-1)
+    ex = {"tokens": ids, "prompt_len": len(prompt), "feats": feats, "top_logits": top_logits, "top_ids": top_ids}
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = drafters.eagle3_loss(head, target.model.embed_tokens, ex, steps=3)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0]
+    assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
+
+
+def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
+    src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    rows = []
+    for i, prompt in enumerate(repetitive_prompts(6, seed=7)):
+        out = switchsd.generate(target, prompt, max_new_tokens=12).output_ids
+        rows.append({"id": f"x{i}", "kind": "test", "split": "val" if i < 2 else "train",
+                     "prompt_ids": prompt, "output_ids": out})
+    comps = tmp_path / "c.jsonl"
+    comps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["train-eagle3", "--model", str(src), "--completions", str(comps), "--draft-vocab", "16",
+            "--steps", "3", "--eval-every", "3", "--intermediate", "32"]
+    drafters.main(args + ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "h1")])
+    first = drafters.Eagle3Head.load(tmp_path / "h1", target)
+    assert first.args.vocab_size == 16
+    # Continuing keeps the draft vocabulary and starts from the saved weights.
+    drafters.main(args + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h2"),
+                          "--init", str(tmp_path / "h1")])
+    second = drafters.Eagle3Head.load(tmp_path / "h2", target)
+    assert torch.equal(first.d2t, second.d2t)
+    assert torch.equal(first.fc.weight, second.fc.weight)
+    with pytest.raises(SystemExit):  # neither completions nor reference text: nothing to train on
+        drafters.main(["train-eagle3", "--model", str(src), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h4")])
+    with pytest.raises(ValueError, match="MLP width"):
+        drafters.main(args[:-2] + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h3"),
+                                   "--init", str(tmp_path / "h1")])
+
+
+# ---------------------------------------------------------------------------------------
+# switchsd.py: acceptance, the decode loop with every method, the probe's read-out, the CLI
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_tree_acceptance_is_lossless():
+    """Sampling through a trie of copied candidates (and a drafted chain) emits tokens
+    with exactly the target's conditionals, however the drafts are chosen."""
+    V, g = 6, torch.Generator().manual_seed(0)
+    qs = [torch.softmax(torch.randn(V, generator=g), 0) for _ in range(2)]
+
+    def sps_chain():  # a neural draft: each token sampled from its q
+        return Tree.chain(0, [torch.multinomial(q, 1, generator=g).item() for q in qs], q=qs)
+
+    copied = Tree.trie(0, [[1, 2], [1, 3], [2, 4], [3]])  # root children 1, 2, 3; node 1 has 2, 3
+    for make in (lambda: copied, sps_chain):
+        logits = torch.randn(3, V, generator=g)  # a node's logits depend on its depth only here
+        target = [torch.softmax(l / 0.9, 0) for l in logits]
+        n, first, second = 20000, {}, {}
+        for _ in range(n):
+            t = make()
+            depth = [0] * len(t)
+            for i in range(1, len(t)):
+                depth[i] = depth[t.parents[i]] + 1
+            path, bonus = switchsd.accept(logits[depth], t, 0.9, 1.0, g)
+            toks = [t.tokens[i] for i in path] + [bonus]
+            first[toks[0]] = first.get(toks[0], 0) + 1
+            if path:  # the token after an accepted first node follows the depth-1 conditional
+                second[toks[1]] = second.get(toks[1], 0) + 1
+        draws_match(first, {x: target[0][x].item() for x in range(V)}, n)
+        m = sum(second.values())
+        assert m > 1000
+        draws_match(second, {x: target[1][x].item() for x in range(V)}, m)
+
 
 def test_ar_greedy_matches_recomputation(tiny):
     model, _ = tiny
@@ -437,11 +819,239 @@ def test_generation_stops_at_context_limit(tiny):
     assert res.stop == "context" and len(res.output_ids) == 12
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, str(HERE / "switchsd.py"), *args],
-                          capture_output=True, text=True, cwd=HERE, timeout=300)
+def test_copy_methods_greedy_match_ar(copier_model, tiny):
+    taxed = accepted = partial = 0
+    for model, prompts in ((copier_model, repetitive_prompts(6)),
+                           (tiny[0], repetitive_prompts(2, V=200, seed=1))):
+        for prompt in prompts:
+            ref = switchsd.generate(model, prompt, max_new_tokens=50).output_ids
+            for method, make in METHODS:
+                res = switchsd.generate(model, prompt, method, make(), max_new_tokens=50)
+                assert res.output_ids == ref, method
+                copies = [s for s in res.steps if s.path == "copy"]
+                taxed += sum(s.accepted == 0 for s in copies)
+                accepted += sum(s.accepted for s in copies)
+                partial += sum(0 < s.accepted < s.drafted - 1 for s in copies)
+    assert taxed > 10 and accepted > 500 and partial > 10  # acceptance really was exercised
 
 
+def test_candidates_longer_than_the_budget(copier_model):
+    prompt = repetitive_prompts(1, seed=3)[0]
+    for n in (1, 2, 3, 7):
+        ref = switchsd.generate(copier_model, prompt, max_new_tokens=n).output_ids
+        res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=n)
+        assert res.output_ids == ref and len(ref) == n
+
+
+def test_copy_at_the_context_limit(copier_model):
+    prompt = (repetitive_prompts(1, seed=4)[0] * 30)[:500]  # the model's limit is 512
+    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40)
+    res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=40)
+    assert res.output_ids == ref.output_ids and len(ref.output_ids) == 12
+    assert res.stop == ref.stop == "context" and max(s.accepted for s in res.steps) > 1
+
+
+def test_eos_inside_a_candidate(copier_model):
+    prompt = repetitive_prompts(1, seed=5)[0]
+    free = switchsd.generate(copier_model, prompt, max_new_tokens=40).output_ids
+    eos = free[12]  # a token the model emits mid-run, most likely inside a copied span
+    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40, stop_ids={eos})
+    assert ref.stop == "eos" and ref.output_ids[-1] == eos
+    for method, make in METHODS:
+        res = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40, stop_ids={eos})
+        assert res.output_ids == ref.output_ids and res.stop == "eos"
+
+
+@pytest.mark.slow
+def test_copy_sampling_is_lossless_end_to_end(tmp_path):
+    """Through the whole loop: the first two sampled tokens, drawn with copy verification,
+    follow the target's joint distribution computed by enumeration (vocabulary of 8)."""
+    model = llama.Model.from_pretrained(make_checkpoint(tmp_path / "m", vocab_size=8, scale=0.5),
+                                        torch.float32)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3]
+    p1 = torch.softmax(full_logits(model, prompt)[-1], 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(model, prompt + [a])[-1], 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts = 2000, {}
+    for seed in range(n):
+        res = switchsd.generate(model, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 4)), max_new_tokens=2,
+                                temperature=1.0, seed=seed)
+        key = tuple(res.output_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(s.path == "copy" for s in res.steps) > 0
+    draws_match(counts, joint, n)
+
+
+def test_neural_drafters_greedy_match_ar(neural_setup):
+    target = neural_setup[0]
+    accepted, stopped = 0, {"sps-stop": 0, "eagle3-stop": 0}
+    for prompt in repetitive_prompts(4, seed=7):
+        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
+        for name, make in neural_drafters(neural_setup):
+            for method, copier in ((name.split("-")[0], None), ("copyspec", CopySpec()), ("copy", CopyDrafter(CopyConfig(3, 2, 8)))):
+                d = make()
+                res = switchsd.generate(target, prompt, method, copier, d, max_new_tokens=40)
+                assert res.output_ids == ref, (name, method)
+                accepted += sum(s.accepted for s in res.steps if s.path == "neural")
+                if name in stopped:  # chains cut short by the drafter's doubt, not by the budget
+                    done = 0  # tokens emitted before the step
+                    for s in res.steps:
+                        chain = s.drafted // getattr(d, "topk", 1)  # EAGLE-3: k tokens per depth
+                        stopped[name] += s.path == "neural" and chain < min(d.gamma, 39 - done)
+                        done += s.accepted + 1
+    assert accepted > 100 and min(stopped.values()) > 0, stopped
+
+
+def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
+    target = neural_setup[0]
+    L = target.args.n_layers
+    for seed, prompt in enumerate(repetitive_prompts(3, seed=11)):
+        for name, make in neural_drafters(neural_setup):
+            d = make()
+            res = switchsd.generate(target, prompt, "copy", RandomCopier(seed), d, max_new_tokens=30)
+            kinds = {s.path for s in res.steps}
+            assert kinds == {"copy", "neural"}, kinds
+            ctx = prompt + res.output_ids
+            g = torch.Generator().manual_seed(0)
+            lagging = d.propose(ctx, 4, 0.0, 1.0, g)
+            fresh = make()
+            fresh.reset(len(ctx) + 8)
+            with torch.inference_mode():  # the features a fresh drafter sees: one prefill
+                cap = fresh.capture
+                mask, pos = llama.causal_mask(len(ctx) - 1, 0)
+                _, hid = target(torch.tensor(ctx[:-1]), pos, mask, target.new_cache(len(ctx)), cap)
+                fresh.observe(hid)
+                rebuilt = fresh.propose(ctx, 4, 0.0, 1.0, g)
+            assert lagging.tokens == rebuilt.tokens, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,gamma,threshold,temperature",
+                         [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("sps-vocab", 2, 0.0, 1.0),
+                          ("sps-int8", 2, 0.0, 1.0),
+                          ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
+def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
+    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
+        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32,
+                                            int8=kind == "sps-int8")
+        neural = drafters.DraftModel(draft, sps(gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
+                                     topk=2))  # a greedy-only option: sampling must ignore it
+        kind = "sps"
+    else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
+        head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
+        neural = drafters.Eagle3(head, target, eagle(gamma=gamma, topk=1, threshold=threshold))
+    prompt, T = [1, 2, 3, 4, 5], temperature
+    p1 = torch.softmax(full_logits(target, prompt)[-1] / T, 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1] / T, 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts, cut = 2000, {}, 0
+    for seed in range(n):  # three new tokens: the first step drafts up to two, the joint of which we test
+        res = switchsd.generate(target, prompt, kind, None, neural, max_new_tokens=3, temperature=T, seed=seed)
+        counts[tuple(res.output_ids[:2])] = counts.get(tuple(res.output_ids[:2]), 0) + 1
+        cut += res.steps[0].drafted < 2
+    draws_match(counts, joint, n)
+    assert (cut > n // 4) == (threshold > 0)  # the threshold variant does stop drafts early
+
+
+def test_gate_truth_table(copier_model):
+    """copy iff probe >= tau AND the kappa-gram recurred; otherwise the neural path."""
+    m = copier_model
+    prompt = repetitive_prompts(1, seed=9)[0]
+    on, off = planted_probe(m, range(32)), planted_probe(m, [])
+    for probe, kappa, expect_copy in ((on, 2, True), (on, 40, False), (off, 2, False), (off, 40, False)):
+        res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(kappa, 2, 8)), probe=probe, max_new_tokens=30)
+        assert any(s.path == "copy" for s in res.steps) == expect_copy, (probe is on, kappa)
+    # a probe firing on chosen tokens: copy steps start exactly after those tokens
+    chosen = {3, 7, 11, 19, 23}
+    probe = planted_probe(m, chosen)
+    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 8)), probe=probe, max_new_tokens=40)
+    ctx = list(prompt)
+    for s in res.steps:
+        fired = ctx[-2] in chosen  # the score comes from the last token the target ran
+        room = len(ctx) - len(prompt) < 39  # with one token left to emit, nothing is drafted
+        assert s.path == ("copy" if fired and room and CopyDrafter(CopyConfig(2)).matches(ctx) else "ar")
+        ctx += res.output_ids[len(ctx) - len(prompt):][:s.accepted + 1]
+
+
+def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
+    target = neural_setup[0]
+    copied = 0
+    for prompt in repetitive_prompts(3, seed=13):
+        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
+        for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
+            for method in ("switchsd", "banditspec"):
+                probe = planted_probe(target, range(0, 32, 2))
+                res = switchsd.generate(target, prompt, method, CopyDrafter(CopyConfig(3, 3, 10)), make(), probe,
+                                        max_new_tokens=40)
+                assert res.output_ids == ref, method
+                copied += sum(s.accepted for s in res.steps if s.path == "copy")
+    assert copied > 50
+
+
+@pytest.mark.slow
+def test_switchsd_sampling_is_lossless(tmp_path):
+    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), sps(gamma=2))
+    probe = switchsd.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
+    p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
+    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
+             for a in range(8) for b in range(8)}
+    n, counts = 2000, {}
+    for seed in range(n):
+        res = switchsd.generate(target, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 3)), draft, probe,
+                                max_new_tokens=2, temperature=1.0, seed=seed)
+        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+    draws_match(counts, joint, n)
+
+
+def test_ucb1_prefers_the_faster_arm():
+    b = switchsd.UCB1(["copy", "neural"])
+    rng = random.Random(0)
+    picks = []
+    for _ in range(300):
+        arm = b.pick()
+        picks.append(arm)
+        b.update(arm, rng.gauss(30 if arm == "copy" else 10, 3))
+    assert picks[:2] == ["copy", "neural"] and picks[-100:].count("copy") > 90
+
+
+def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
+    model, _ = tiny
+    p = switchsd.Probe(torch.randn(64), 2, "attn", 0.42, 5, switchsd.model_identity(model, "tiny"))
+    p.save(tmp_path / "p.safetensors")
+    q = probe_mod.Probe.load(tmp_path / "p.safetensors", model)
+    assert (q.layer, q.position, q.tau, q.kappa, q.meta) == (2, "attn", 0.42, 5, p.meta)
+    torch.testing.assert_close(q.w, p.w)
+    with pytest.raises(ValueError, match="probe made for a model with hidden_size 64, this model has 128"):
+        probe_mod.Probe.load(tmp_path / "p.safetensors", copier_model)
+    other = llama.Model.from_pretrained(make_checkpoint(tmp_path / "o", seed=5), torch.float32)
+    with pytest.raises(ValueError, match="probe made for a model with fingerprint"):
+        probe_mod.Probe.load(tmp_path / "p.safetensors", other)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a probe")
+    with pytest.raises(ValueError, match="bad.safetensors: not a probe file"):
+        probe_mod.Probe.load(tmp_path / "bad.safetensors")
+    with pytest.raises(FileNotFoundError, match="probe file not found"):
+        probe_mod.Probe.load(tmp_path / "none.safetensors")
+
+
+def test_probe_scores_align_with_output_ids(copier_model):
+    m = copier_model
+    p = switchsd.Probe(torch.randn(m.args.dim, generator=torch.Generator().manual_seed(0)) * 0.3,
+                        1, "attn", 0.5, 5)
+    prompt = repetitive_prompts(1, seed=2)[0]
+    res = switchsd.generate(m, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 8)), probe=p, max_new_tokens=30)
+    assert len(res.probe_scores) == len(res.output_ids) and res.probe_scores[-1] is None
+    assert max(s.accepted for s in res.steps) > 2  # multi-token steps happened
+    ids = prompt + res.output_ids
+    ref = probe_mod.teacher_forced_scores(m, p, ids)[len(prompt):len(ids) - 1]
+    np.testing.assert_allclose(res.probe_scores[:-1], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_cli_end_to_end(tiny):
     model, folder = tiny
     r = run_cli("--model", str(folder), "--prompt", "hello", "--max-new-tokens", "12",
@@ -494,418 +1104,48 @@ def test_cli_errors(tiny, tmp_path, args, msg):
     assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-# ---------------------------------------------------------------------------------------
-# The copy path: retrieval, one-pass verification, PLD and CopySpec
-# ---------------------------------------------------------------------------------------
-
-def brute_candidates(ctx, kappa, width, depth):
-    key = ctx[-kappa:]
-    cands = []
-    for e in range(len(ctx) - 2, kappa - 2, -1):  # most recent earlier occurrence first
-        if ctx[e - kappa + 1:e + 1] == key:
-            c = ctx[e + 1:e + 1 + depth]
-            if c not in cands:
-                cands.append(c)
-    return cands[:width]
-
-
-def test_kgram_index_matches_brute_force():
-    rng = random.Random(0)
-    for trial in range(30):
-        kappa, width, depth = rng.randrange(1, 5), rng.randrange(1, 5), rng.randrange(1, 8)
-        d = CopyDrafter(CopyConfig(kappa, width, depth))
-        ctx = []
-        for _ in range(120):  # grow the context one token at a time, as decoding does
-            ctx.append(rng.randrange(3 if trial % 2 else 6))
-            want = brute_candidates(ctx, kappa, width, depth) if len(ctx) >= kappa else []
-            assert d.matches(ctx) == bool(want)
-            tree = d.propose(ctx, depth)
-            got = [] if tree is None else tree.paths()
-            assert sorted(got) == sorted(c for c in want if not any(
-                o != c and o[:len(c)] == c for o in want))  # a prefix of another is merged
+@pytest.mark.slow
+def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
+    model, folder = tiny
+    switchsd.Probe(torch.zeros(64), 1, "attn", 0.5, 2, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
+    draft = noisy_copy(tmp_path / "d", folder, 0.1)
+    eagle, _ = make_eagle(tmp_path / "e", model)
+    base = ["--model", str(folder), "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--dtype", "float32",
+            "--json", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors")]
+    outs = []
+    for extra in ([], ["--draft-model", str(draft)], ["--draft-model", str(draft), "--draft-quant", "none"],
+                  ["--eagle", str(eagle)]):
+        r = run_cli(*base, *extra)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert len(out["probe_scores"]) == len(out["output_ids"]) and out["probe_scores"][-1] is None
+        assert out["copy_steps"] + out["neural_steps"] + out["accept_hist"][0] >= out["target_forwards"] - 1
+        assert set(out["accepted_by_path"]) <= {"copy", "neural", "ar"}
+        outs.append(out["output_ids"])
+    assert outs[0] == outs[1] == outs[2] == outs[3]  # greedy: every drafter gives the AR output
+    r = run_cli(*[x for x in base if x != "--json"], "--show", "path")
+    assert r.returncode == 0 and "\x1b[30;43m" in r.stdout  # copied tokens, coloured
 
 
-def test_match_at_the_very_end_of_the_context():
-    d = CopyDrafter(CopyConfig(kappa=3, width=4, depth=20))
-    ctx = [9, 1, 1, 1, 1]  # (1,1,1) ended one token ago: the continuation is just [1]
-    assert d.propose(ctx, 20).paths() == [[1]]
-    ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
-    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
-    assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
-
-
-def test_pld_and_copyspec_follow_their_papers():
-    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 40, 1, 2, 3]
-    assert PromptLookup().propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
-    short = [1, 2, 3, 9, 9, 1, 2, 3]  # a match without 10 following tokens is skipped
-    assert PromptLookup().propose(short, 20) is None
-    cs = CopySpec()
-    assert cs.propose(ctx, 20).tokens == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # first occurrence
-    assert cs.propose(ctx + [77], 20) is None
-
-
-METHODS = [("pld", PromptLookup), ("copyspec", CopySpec), ("copy", CopyDrafter),
-           ("copy", lambda: CopyDrafter(CopyConfig(kappa=2, width=3, depth=7)))]
-
-
-def test_copy_methods_greedy_match_ar(copier_model, tiny):
-    taxed = accepted = partial = 0
-    for model, prompts in ((copier_model, repetitive_prompts(6)),
-                           (tiny[0], repetitive_prompts(2, V=200, seed=1))):
-        for prompt in prompts:
-            ref = switchsd.generate(model, prompt, max_new_tokens=50).output_ids
-            for method, make in METHODS:
-                res = switchsd.generate(model, prompt, method, make(), max_new_tokens=50)
-                assert res.output_ids == ref, method
-                copies = [s for s in res.steps if s.path == "copy"]
-                taxed += sum(s.accepted == 0 for s in copies)
-                accepted += sum(s.accepted for s in copies)
-                partial += sum(0 < s.accepted < s.drafted - 1 for s in copies)
-    assert taxed > 10 and accepted > 500 and partial > 10  # acceptance really was exercised
-
-
-def test_candidates_longer_than_the_budget(copier_model):
-    prompt = repetitive_prompts(1, seed=3)[0]
-    for n in (1, 2, 3, 7):
-        ref = switchsd.generate(copier_model, prompt, max_new_tokens=n).output_ids
-        res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=n)
-        assert res.output_ids == ref and len(ref) == n
-
-
-def test_copy_at_the_context_limit(copier_model):
-    prompt = (repetitive_prompts(1, seed=4)[0] * 30)[:500]  # the model's limit is 512
-    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40)
-    res = switchsd.generate(copier_model, prompt, "copy", CopyDrafter(CopyConfig(2, 4, 20)), max_new_tokens=40)
-    assert res.output_ids == ref.output_ids and len(ref.output_ids) == 12
-    assert res.stop == ref.stop == "context" and max(s.accepted for s in res.steps) > 1
-
-
-def test_eos_inside_a_candidate(copier_model):
-    prompt = repetitive_prompts(1, seed=5)[0]
-    free = switchsd.generate(copier_model, prompt, max_new_tokens=40).output_ids
-    eos = free[12]  # a token the model emits mid-run, most likely inside a copied span
-    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40, stop_ids={eos})
-    assert ref.stop == "eos" and ref.output_ids[-1] == eos
-    for method, make in METHODS:
-        res = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40, stop_ids={eos})
-        assert res.output_ids == ref.output_ids and res.stop == "eos"
-
-
-def draws_match(counts, p, n):
-    """Pearson's chi-square test of the draws against p at significance 1e-4 (cells with an
-    expected count under 5 pooled); a draw p gives probability 0 fails outright."""
-    assert all(p.get(x, 0.0) > 0 for x in counts), "drew an outcome the target never emits"
-    cells, pooled = [], [0.0, 0]
-    for x, px in p.items():
-        if n * px < 5:
-            pooled[0] += n * px
-            pooled[1] += counts.get(x, 0)
-        else:
-            cells.append((n * px, counts.get(x, 0)))
-    if pooled[0] > 0:
-        cells.append(tuple(pooled))
-    chi2 = sum((c - e) ** 2 / e for e, c in cells)
-    df = len(cells) - 1
-    z = 3.719  # the standard normal's 1 - 1e-4 quantile; Wilson-Hilferty for chi-square's
-    assert chi2 < df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3, (chi2, df)
-
-
-def test_tree_acceptance_is_lossless():
-    """Sampling through a trie of copied candidates (and a drafted chain) emits tokens
-    with exactly the target's conditionals, however the drafts are chosen."""
-    V, g = 6, torch.Generator().manual_seed(0)
-    qs = [torch.softmax(torch.randn(V, generator=g), 0) for _ in range(2)]
-
-    def sps_chain():  # a neural draft: each token sampled from its q
-        return Tree.chain(0, [torch.multinomial(q, 1, generator=g).item() for q in qs], q=qs)
-
-    copied = Tree.trie(0, [[1, 2], [1, 3], [2, 4], [3]])  # root children 1, 2, 3; node 1 has 2, 3
-    for make in (lambda: copied, sps_chain):
-        logits = torch.randn(3, V, generator=g)  # a node's logits depend on its depth only here
-        target = [torch.softmax(l / 0.9, 0) for l in logits]
-        n, first, second = 20000, {}, {}
-        for _ in range(n):
-            t = make()
-            depth = [0] * len(t)
-            for i in range(1, len(t)):
-                depth[i] = depth[t.parents[i]] + 1
-            path, bonus = switchsd.accept(logits[depth], t, 0.9, 1.0, g)
-            toks = [t.tokens[i] for i in path] + [bonus]
-            first[toks[0]] = first.get(toks[0], 0) + 1
-            if path:  # the token after an accepted first node follows the depth-1 conditional
-                second[toks[1]] = second.get(toks[1], 0) + 1
-        draws_match(first, {x: target[0][x].item() for x in range(V)}, n)
-        m = sum(second.values())
-        assert m > 1000
-        draws_match(second, {x: target[1][x].item() for x in range(V)}, m)
-
-
-def test_copy_sampling_is_lossless_end_to_end(tmp_path):
-    """Through the whole loop: the first two sampled tokens, drawn with copy verification,
-    follow the target's joint distribution computed by enumeration (vocabulary of 8)."""
-    model = llama.Model.from_pretrained(make_checkpoint(tmp_path / "m", vocab_size=8, scale=0.5),
-                                        torch.float32)
-    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3]
-    p1 = torch.softmax(full_logits(model, prompt)[-1], 0)
-    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(model, prompt + [a])[-1], 0)[b].item()
-             for a in range(8) for b in range(8)}
-    n, counts = 2000, {}
-    for seed in range(n):
-        res = switchsd.generate(model, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 4)), max_new_tokens=2,
-                                temperature=1.0, seed=seed)
-        key = tuple(res.output_ids)
-        counts[key] = counts.get(key, 0) + 1
-    assert sum(s.path == "copy" for s in res.steps) > 0
-    draws_match(counts, joint, n)
+@pytest.mark.slow
+def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
+    model, folder = tiny
+    other = make_checkpoint(tmp_path / "o", seed=3)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    vocab["model"]["vocab"] = {k: (v + 1) % 256 if v < 256 else v for k, v in vocab["model"]["vocab"].items()}
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps", "--draft-model", str(other))
+    assert r.returncode != 0 and "tokenizer differs from the target's" in r.stderr
+    switchsd.Probe(torch.zeros(32), 1, "attn", 0.5, 5, {"hidden_size": 32}).save(tmp_path / "p.safetensors")
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors"))
+    assert r.returncode != 0 and "probe made for a model with hidden_size 32, this model has 64" in r.stderr
+    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps")
+    assert r.returncode != 0 and "--method sps needs --draft-model" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------
-# Neural drafters: SPS and EAGLE-3
+# probe.py: completions, features, fitting, metrics, commands
 # ---------------------------------------------------------------------------------------
-
-def noisy_copy(folder: Path, src: Path, noise: float, seed=0) -> Path:
-    """A draft model: the target's checkpoint plus noise (agrees often, not always)."""
-    from safetensors.torch import load_file
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if (src / f).exists():
-            (folder / f).write_text((src / f).read_text())
-    g = torch.Generator().manual_seed(seed)
-    t = load_file(str(src / "model.safetensors"))
-    save_file({k: v + noise * v.std() * torch.randn(v.shape, generator=g) for k, v in t.items()},
-              str(folder / "model.safetensors"))
-    return folder
-
-
-def eagle_config(model, draft_vocab):
-    a = model.args
-    return {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": a.dim, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 24, "intermediate_size": 96, "rms_norm_eps": 1e-6,
-            "vocab_size": a.vocab_size, "draft_vocab_size": draft_vocab, "rope_theta": 10000.0,
-            "num_hidden_layers": 1}
-
-
-def make_eagle(folder: Path, model, draft_vocab=None, seed=0, fmt="safetensors", prefix="midlayer."):
-    """A random EAGLE-3 head in the official layout, over the draft vocabulary's top ids."""
-    draft_vocab = draft_vocab or model.args.vocab_size
-    cfg = eagle_config(model, draft_vocab)
-    head = drafters.Eagle3Head(cfg, model.args.dim)
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for k, v in head.state_dict().items():
-        if k == "d2t":  # draft id i -> target id used[i]: every other id, here
-            used = torch.arange(draft_vocab) * (model.args.vocab_size // draft_vocab)
-            v = used - torch.arange(draft_vocab)
-        elif k.endswith("norm.weight"):
-            v = 1 + 0.1 * torch.randn(v.shape, generator=g)
-        else:
-            v = 0.3 * torch.randn(v.shape, generator=g)
-        state[k.replace("midlayer.", prefix, 1)] = v.contiguous()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    if fmt == "safetensors":
-        save_file(state, str(folder / "model.safetensors"))
-    else:
-        torch.save(state, folder / "pytorch_model.bin")
-    return folder, state
-
-
-def test_eagle3_loader_official_layout_and_variants(copier_model, tmp_path):
-    m = copier_model
-    for fmt, prefix in (("safetensors", "midlayer."), ("bin", "midlayer."), ("safetensors", "layers.0.")):
-        folder, state = make_eagle(tmp_path / f"{fmt}-{prefix}", m, draft_vocab=16, fmt=fmt, prefix=prefix)
-        head = drafters.Eagle3Head.load(folder, m)
-        assert head.fc.weight.shape == (m.args.dim, 3 * m.args.dim)
-        assert head.midlayer.self_attn.q_proj.weight.shape == (4 * 24, 2 * m.args.dim)  # head_dim from config
-        assert head.lm_head.weight.shape == (16, m.args.dim)
-        torch.testing.assert_close(head.midlayer.mlp.down_proj.weight, state[prefix + "mlp.down_proj.weight"])
-        assert (torch.arange(16) + head.d2t).tolist() == list(range(0, 32, 2))
-    folder, state = make_eagle(tmp_path / "nod2t", m)  # equal vocabularies: d2t may be absent
-    del state["d2t"]
-    save_file(state, str(folder / "model.safetensors"))
-    assert drafters.Eagle3Head.load(folder, m).d2t.abs().sum() == 0
-    folder, state = make_eagle(tmp_path / "nod2t16", m, draft_vocab=16)
-    del state["d2t"]
-    save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match="no d2t, and draft_vocab_size 16 differs"):
-        drafters.Eagle3Head.load(folder, m)
-    state["d2t"] = torch.zeros(16, dtype=torch.long)
-    state["fc.weight"] = torch.zeros(m.args.dim, 3 * m.args.dim + 3)
-    save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match="fc.weight takes 387 features"):
-        drafters.Eagle3Head.load(folder, m)
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "target_fingerprint": "0123456789abcdef"}))
-    with pytest.raises(ValueError, match="this head was trained for another target"):
-        drafters.Eagle3Head.load(folder, m)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    (folder / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
-        drafters.Eagle3Head.load(folder, m)
-
-
-@pytest.fixture(scope="module")
-def neural_setup(tmp_path_factory):
-    """The copying target, a noisy copy of it as SPS draft, and a random EAGLE-3 head."""
-    base = tmp_path_factory.mktemp("neural")
-    src = make_copying_checkpoint(base / "target")
-    target = llama.Model.from_pretrained(src, torch.float32)
-    draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32)
-    head = drafters.Eagle3Head.load(make_eagle(base / "eagle", target, draft_vocab=16)[0], target)
-    draft8 = llama.Model.from_pretrained(base / "draft", torch.float32, int8=True)
-    return target, draft, head, draft8
-
-
-def neural_drafters(setup):
-    target, draft, head, draft8 = setup
-    return [("sps", lambda: drafters.DraftModel(draft, sps(gamma=4))),
-            ("sps-int8", lambda: drafters.DraftModel(draft8, sps(gamma=4, vocab=8, topk=2))),  # int8, cut head
-            ("sps-stop", lambda: drafters.DraftModel(draft, sps(gamma=4, threshold=0.99))),
-            ("sps-vocab", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8))),  # ids < 8 and the context's
-            ("sps-top3", lambda: drafters.DraftModel(draft, sps(gamma=4, vocab=8, topk=3))),  # leaves, cut head
-            ("eagle3", lambda: drafters.Eagle3(head, target, eagle(gamma=3))),
-            ("eagle3-top3", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=3))),
-            ("eagle3-stop", lambda: drafters.Eagle3(head, target, eagle(gamma=3, topk=2, threshold=0.5)))]
-
-
-def test_neural_drafters_greedy_match_ar(neural_setup):
-    target = neural_setup[0]
-    accepted, stopped = 0, {"sps-stop": 0, "eagle3-stop": 0}
-    for prompt in repetitive_prompts(4, seed=7):
-        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
-        for name, make in neural_drafters(neural_setup):
-            for method, copier in ((name.split("-")[0], None), ("copyspec", CopySpec()), ("copy", CopyDrafter(CopyConfig(3, 2, 8)))):
-                d = make()
-                res = switchsd.generate(target, prompt, method, copier, d, max_new_tokens=40)
-                assert res.output_ids == ref, (name, method)
-                accepted += sum(s.accepted for s in res.steps if s.path == "neural")
-                if name in stopped:  # chains cut short by the drafter's doubt, not by the budget
-                    done = 0  # tokens emitted before the step
-                    for s in res.steps:
-                        chain = s.drafted // getattr(d, "topk", 1)  # EAGLE-3: k tokens per depth
-                        stopped[name] += s.path == "neural" and chain < min(d.gamma, 39 - done)
-                        done += s.accepted + 1
-    assert accepted > 100 and min(stopped.values()) > 0, stopped
-
-
-def test_draft_vocabulary_restricts_proposals(neural_setup):
-    """vocab=N: drafted tokens come from ids < N and the context only; without it they do not."""
-    draft = neural_setup[1]
-    outside = {0: 0, 4: 0}
-    for vocab in outside:
-        d = drafters.DraftModel(draft, sps(gamma=4, vocab=vocab))
-        for seed, prompt in enumerate(repetitive_prompts(6, seed=3)):
-            prompt = [t for t in prompt if t % 3]  # leave some ids out of the context
-            d.reset(len(prompt) + 8)
-            tree = d.propose(prompt, 4, 20.0, 1.0, torch.Generator().manual_seed(seed))  # near-uniform q
-            outside[vocab] += sum(t >= vocab and t not in prompt for t in tree.tokens[1:])
-    assert outside[4] == 0 and outside[0] > 0, outside
-
-
-class RandomCopier(CopyDrafter):
-    """Copies at random steps (seeded): drives arbitrary interleavings of copy and neural."""
-
-    def __init__(self, seed):
-        super().__init__(CopyConfig(kappa=1, width=2, depth=6))
-        self.rng = random.Random(seed)
-
-    def propose(self, ctx, depth):
-        return super().propose(ctx, depth) if self.rng.random() < 0.5 else None
-
-
-def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
-    target = neural_setup[0]
-    L = target.args.n_layers
-    for seed, prompt in enumerate(repetitive_prompts(3, seed=11)):
-        for name, make in neural_drafters(neural_setup):
-            d = make()
-            res = switchsd.generate(target, prompt, "copy", RandomCopier(seed), d, max_new_tokens=30)
-            kinds = {s.path for s in res.steps}
-            assert kinds == {"copy", "neural"}, kinds
-            ctx = prompt + res.output_ids
-            g = torch.Generator().manual_seed(0)
-            lagging = d.propose(ctx, 4, 0.0, 1.0, g)
-            fresh = make()
-            fresh.reset(len(ctx) + 8)
-            with torch.inference_mode():  # the features a fresh drafter sees: one prefill
-                cap = fresh.capture
-                mask, pos = llama.causal_mask(len(ctx) - 1, 0)
-                _, hid = target(torch.tensor(ctx[:-1]), pos, mask, target.new_cache(len(ctx)), cap)
-                fresh.observe(hid)
-                rebuilt = fresh.propose(ctx, 4, 0.0, 1.0, g)
-            assert lagging.tokens == rebuilt.tokens, name
-
-
-@pytest.mark.parametrize("kind,gamma,threshold,temperature",
-                         [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("sps-vocab", 2, 0.0, 1.0),
-                          ("sps-int8", 2, 0.0, 1.0),
-                          ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
-def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
-    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
-    target = llama.Model.from_pretrained(src, torch.float32)
-    if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
-        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32,
-                                            int8=kind == "sps-int8")
-        neural = drafters.DraftModel(draft, sps(gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
-                                     topk=2))  # a greedy-only option: sampling must ignore it
-        kind = "sps"
-    else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
-        head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
-        neural = drafters.Eagle3(head, target, eagle(gamma=gamma, topk=1, threshold=threshold))
-    prompt, T = [1, 2, 3, 4, 5], temperature
-    p1 = torch.softmax(full_logits(target, prompt)[-1] / T, 0)
-    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1] / T, 0)[b].item()
-             for a in range(8) for b in range(8)}
-    n, counts, cut = 2000, {}, 0
-    for seed in range(n):  # three new tokens: the first step drafts up to two, the joint of which we test
-        res = switchsd.generate(target, prompt, kind, None, neural, max_new_tokens=3, temperature=T, seed=seed)
-        counts[tuple(res.output_ids[:2])] = counts.get(tuple(res.output_ids[:2]), 0) + 1
-        cut += res.steps[0].drafted < 2
-    draws_match(counts, joint, n)
-    assert (cut > n // 4) == (threshold > 0)  # the threshold variant does stop drafts early
-
-
-# ---------------------------------------------------------------------------------------
-# The copy-intent probe: labels, training, selection, files
-# ---------------------------------------------------------------------------------------
-
-def brute_labels(ids, start, kappa):
-    """Y_j by definition: j inside a span of >= kappa tokens that also starts earlier."""
-    n, y = len(ids), [0] * len(ids)
-    for a in range(n):
-        for b in range(a + kappa - 1, n):
-            if any(ids[c:c + b - a + 1] == ids[a:b + 1] for c in range(a)):
-                y[a:b + 1] = [1] * (b - a + 1)
-    return y[start:]
-
-
-def test_copy_labels_match_brute_force():
-    rng = random.Random(0)
-    for _ in range(300):
-        n = rng.randrange(1, 45)
-        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
-        start, kappa = rng.randrange(n), rng.randrange(1, 7)
-        assert data.copy_labels(ids, start, kappa).tolist() == brute_labels(ids, start, kappa)
-
-
-def test_surface_scores_match_brute_force_and_imply_the_label():
-    """The longest earlier-occurring suffix ending at j, checked by search; a score >= kappa
-    (the kappa-gram condition) always lies inside a labelled copy span."""
-    rng = random.Random(1)
-    for _ in range(300):
-        n = rng.randrange(1, 40)
-        ids = [rng.randrange(rng.choice([2, 3, 8])) for _ in range(n)]
-        start, kappa, longest = rng.randrange(n), rng.randrange(1, 6), rng.randrange(1, 9)
-        want = [max([L for L in range(1, min(longest, j + 1) + 1)
-                     if any(ids[a:a + L] == ids[j - L + 1:j + 1] for a in range(j - L + 1))], default=0)
-                for j in range(start, n)]
-        got = data.surface_scores(ids, start, longest)
-        assert got.tolist() == want
-        if kappa <= longest:
-            assert (data.copy_labels(ids, start, kappa)[got >= kappa] == 1).all()
-    r = probe_mod.surface_report(np.array([0, 1, 5, 6]), np.array([0, 1, 1, 1]), 5)
-    assert r["surface_auc"] == 1.0 and r["kgram_precision"] == 1.0 and r["kgram_recall"] == pytest.approx(2 / 3)
-
 
 def test_trainer_recovers_a_planted_direction():
     g = torch.Generator().manual_seed(0)
@@ -939,45 +1179,31 @@ def test_metrics_and_selection_on_hand_made_tables():
     assert got["no copy: 1-4 tokens after a run"] == (2, 1) and got["no copy: no run before"] == (3, 2)
 
 
-def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
-    model, _ = tiny
-    p = switchsd.Probe(torch.randn(64), 2, "attn", 0.42, 5, switchsd.model_identity(model, "tiny"))
-    p.save(tmp_path / "p.safetensors")
-    q = probe_mod.Probe.load(tmp_path / "p.safetensors", model)
-    assert (q.layer, q.position, q.tau, q.kappa, q.meta) == (2, "attn", 0.42, 5, p.meta)
-    torch.testing.assert_close(q.w, p.w)
-    with pytest.raises(ValueError, match="probe made for a model with hidden_size 64, this model has 128"):
-        probe_mod.Probe.load(tmp_path / "p.safetensors", copier_model)
-    other = llama.Model.from_pretrained(make_checkpoint(tmp_path / "o", seed=5), torch.float32)
-    with pytest.raises(ValueError, match="probe made for a model with fingerprint"):
-        probe_mod.Probe.load(tmp_path / "p.safetensors", other)
-    (tmp_path / "bad.safetensors").write_bytes(b"not a probe")
-    with pytest.raises(ValueError, match="bad.safetensors: not a probe file"):
-        probe_mod.Probe.load(tmp_path / "bad.safetensors")
-    with pytest.raises(FileNotFoundError, match="probe file not found"):
-        probe_mod.Probe.load(tmp_path / "none.safetensors")
-
-
-def planted_probe(model, tokens, layer=0, tau=0.5):
-    """A probe that fires (score ~1) exactly when the current token is one of `tokens`:
-    the copying model keeps the current token one-hot in dims 0..31 of its residual."""
-    w = torch.zeros(model.args.dim)
-    w[:32] = -20.0
-    w[list(tokens)] = 20.0
-    return switchsd.Probe(w, layer, "attn", tau, 5, switchsd.model_identity(model))
-
-
-def test_probe_scores_align_with_output_ids(copier_model):
-    m = copier_model
-    p = switchsd.Probe(torch.randn(m.args.dim, generator=torch.Generator().manual_seed(0)) * 0.3,
-                        1, "attn", 0.5, 5)
-    prompt = repetitive_prompts(1, seed=2)[0]
-    res = switchsd.generate(m, prompt, "copy", CopyDrafter(CopyConfig(2, 3, 8)), probe=p, max_new_tokens=30)
-    assert len(res.probe_scores) == len(res.output_ids) and res.probe_scores[-1] is None
-    assert max(s.accepted for s in res.steps) > 2  # multi-token steps happened
-    ids = prompt + res.output_ids
-    ref = probe_mod.teacher_forced_scores(m, p, ids)[len(prompt):len(ids) - 1]
-    np.testing.assert_allclose(res.probe_scores[:-1], ref, rtol=1e-4, atol=1e-5)
+def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
+    model, folder = tiny
+    prompts = [list(range(30, 45)), [7, 8, 9], list(range(100, 140)), [5] * 500]
+    stop = (switchsd.generate(model, prompts[1], max_new_tokens=20).output_ids[6],)  # one prompt stops early
+    outs = probe_mod.batched_greedy(model, prompts, 20, stop)
+    for ids, out in zip(prompts, outs):
+        assert out == switchsd.generate(model, ids, max_new_tokens=20, stop_ids=stop).output_ids
+    assert len(outs[1]) == 7 and len(outs[3]) == 12  # the stop token, and the 512-token context
+    with pytest.raises(ValueError, match="prompt 1 is 600 tokens"):
+        probe_mod.batched_greedy(model, [[5], [5] * 600], 4)
+    with pytest.raises(ValueError, match="--batch must be at least 1"):
+        probe_mod.generate_completions(model, llama.Tokenizer(folder), [], tmp_path / "x.jsonl", batch=0)
+    # the completions command batches too, and Spec-Bench rows read as their first turn
+    bench = tmp_path / "sb.jsonl"
+    bench.write_text("".join(json.dumps({"question_id": q, "category": "qa", "turns": [f"q {q} abc", "more"]}) + "\n"
+                             for q in range(10)))
+    rows = data.read_prompts(bench)
+    assert rows[0] == {"id": "sb-0", "kind": "qa", "prompt": "q 0 abc", "split": "train"}
+    assert [r["split"] for r in rows].count("val") == 1
+    tok = llama.Tokenizer(folder)
+    probe_mod.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=8, batch=4)
+    comps = data.read_jsonl(tmp_path / "c.jsonl")
+    assert [c["id"] for c in comps] == [r["id"] for r in rows]
+    one = switchsd.generate(model, tok.prompt_ids("q 9 abc"), max_new_tokens=8, stop_ids=tok.eos_ids)
+    assert comps[9]["output_ids"] == one.output_ids
 
 
 def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
@@ -1016,185 +1242,24 @@ def test_feature_pipeline_end_to_end(tiny, tmp_path, capsys):
         probe_mod.main(["errors", "--work", str(tmp_path), "--probe", str(tmp_path / "q.safetensors")])
 
 
-def test_batched_greedy_equals_one_prompt_at_a_time(tiny, tmp_path):
+@pytest.mark.slow
+def test_probe_eval_command(tiny, tmp_path):
     model, folder = tiny
-    prompts = [list(range(30, 45)), [7, 8, 9], list(range(100, 140)), [5] * 500]
-    stop = (switchsd.generate(model, prompts[1], max_new_tokens=20).output_ids[6],)  # one prompt stops early
-    outs = probe_mod.batched_greedy(model, prompts, 20, stop)
-    for ids, out in zip(prompts, outs):
-        assert out == switchsd.generate(model, ids, max_new_tokens=20, stop_ids=stop).output_ids
-    assert len(outs[1]) == 7 and len(outs[3]) == 12  # the stop token, and the 512-token context
-    with pytest.raises(ValueError, match="prompt 1 is 600 tokens"):
-        probe_mod.batched_greedy(model, [[5], [5] * 600], 4)
-    with pytest.raises(ValueError, match="--batch must be at least 1"):
-        probe_mod.generate_completions(model, llama.Tokenizer(folder), [], tmp_path / "x.jsonl", batch=0)
-    # the completions command batches too, and Spec-Bench rows read as their first turn
-    bench = tmp_path / "sb.jsonl"
-    bench.write_text("".join(json.dumps({"question_id": q, "category": "qa", "turns": [f"q {q} abc", "more"]}) + "\n"
-                             for q in range(10)))
-    rows = data.read_prompts(bench)
-    assert rows[0] == {"id": "sb-0", "kind": "qa", "prompt": "q 0 abc", "split": "train"}
-    assert [r["split"] for r in rows].count("val") == 1
-    tok = llama.Tokenizer(folder)
-    probe_mod.generate_completions(model, tok, rows, tmp_path / "c.jsonl", max_new_tokens=8, batch=4)
-    comps = data.read_jsonl(tmp_path / "c.jsonl")
-    assert [c["id"] for c in comps] == [r["id"] for r in rows]
-    one = switchsd.generate(model, tok.prompt_ids("q 9 abc"), max_new_tokens=8, stop_ids=tok.eos_ids)
-    assert comps[9]["output_ids"] == one.output_ids
+    switchsd.Probe(torch.randn(64), 1, "attn", 0.5, 3, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"abc{i} abc{i} abc{i}"}) + "\n"
+                                                    for i in range(3)))
+    r = subprocess.run([sys.executable, str(HERE / "probe.py"), "eval", "--model", str(folder), "--probe",
+                        str(tmp_path / "p.safetensors"), "--prompts", str(tmp_path / "prompts.jsonl"),
+                        "--max-new-tokens", "10", "--json"], capture_output=True, text=True, cwd=HERE, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"precision", "recall", "f1", "auc", "tokens", "positives", "surface_auc",
+                        "kgram_precision", "kgram_recall", "kgram_f1"} and out["tokens"] > 0
 
 
 # ---------------------------------------------------------------------------------------
-# SwitchSD: the gate, BanditSpec, end to end
+# bench.py
 # ---------------------------------------------------------------------------------------
-
-def test_gate_truth_table(copier_model):
-    """copy iff probe >= tau AND the kappa-gram recurred; otherwise the neural path."""
-    m = copier_model
-    prompt = repetitive_prompts(1, seed=9)[0]
-    on, off = planted_probe(m, range(32)), planted_probe(m, [])
-    for probe, kappa, expect_copy in ((on, 2, True), (on, 40, False), (off, 2, False), (off, 40, False)):
-        res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(kappa, 2, 8)), probe=probe, max_new_tokens=30)
-        assert any(s.path == "copy" for s in res.steps) == expect_copy, (probe is on, kappa)
-    # a probe firing on chosen tokens: copy steps start exactly after those tokens
-    chosen = {3, 7, 11, 19, 23}
-    probe = planted_probe(m, chosen)
-    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 8)), probe=probe, max_new_tokens=40)
-    ctx = list(prompt)
-    for s in res.steps:
-        fired = ctx[-2] in chosen  # the score comes from the last token the target ran
-        room = len(ctx) - len(prompt) < 39  # with one token left to emit, nothing is drafted
-        assert s.path == ("copy" if fired and room and CopyDrafter(CopyConfig(2)).matches(ctx) else "ar")
-        ctx += res.output_ids[len(ctx) - len(prompt):][:s.accepted + 1]
-
-
-def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
-    target = neural_setup[0]
-    copied = 0
-    for prompt in repetitive_prompts(3, seed=13):
-        ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
-        for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
-            for method in ("switchsd", "banditspec"):
-                probe = planted_probe(target, range(0, 32, 2))
-                res = switchsd.generate(target, prompt, method, CopyDrafter(CopyConfig(3, 3, 10)), make(), probe,
-                                        max_new_tokens=40)
-                assert res.output_ids == ref, method
-                copied += sum(s.accepted for s in res.steps if s.path == "copy")
-    assert copied > 50
-
-
-def test_switchsd_sampling_is_lossless(tmp_path):
-    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
-    target = llama.Model.from_pretrained(src, torch.float32)
-    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), sps(gamma=2))
-    probe = switchsd.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
-    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
-    p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
-    joint = {(a, b): p1[a].item() * torch.softmax(full_logits(target, prompt + [a])[-1], 0)[b].item()
-             for a in range(8) for b in range(8)}
-    n, counts = 2000, {}
-    for seed in range(n):
-        res = switchsd.generate(target, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 3)), draft, probe,
-                                max_new_tokens=2, temperature=1.0, seed=seed)
-        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
-    draws_match(counts, joint, n)
-
-
-def test_ucb1_prefers_the_faster_arm():
-    b = switchsd.UCB1(["copy", "neural"])
-    rng = random.Random(0)
-    picks = []
-    for _ in range(300):
-        arm = b.pick()
-        picks.append(arm)
-        b.update(arm, rng.gauss(30 if arm == "copy" else 10, 3))
-    assert picks[:2] == ["copy", "neural"] and picks[-100:].count("copy") > 90
-
-
-def test_eagle3_training_unroll_matches_inference_drafting(neural_setup):
-    """The training-time test (drafters.unroll) computes exactly what chain drafting does:
-    run on the drafter's own proposals, its argmax at every step is that proposal."""
-    target, _, head, _ = neural_setup
-    prompt = repetitive_prompts(1, seed=21)[0]
-    d = drafters.Eagle3(head, target, eagle(gamma=4))
-    d.reset(len(prompt) + 8)
-    L = target.args.n_layers
-    with torch.inference_mode():
-        mask, pos = llama.causal_mask(len(prompt) - 1, 0)
-        _, hid = target(torch.tensor(prompt[:-1]), pos, mask, target.new_cache(len(prompt)), d.capture)
-        d.observe(hid)
-        drafted = d.propose(prompt, 4, 0.0, 1.0, None).tokens[1:]
-        feats = torch.cat([hid[c] for c in d.capture], -1)
-        logits = drafters.unroll(head, target.model.embed_tokens, feats, prompt + drafted, 4)
-    j = len(prompt) - 2  # the row of the last real position
-    got = [int(lg[j].argmax()) + int(head.d2t[int(lg[j].argmax())]) for lg in logits]
-    assert got == drafted
-
-
-def test_eagle3_trainer_fits_a_sequence(neural_setup, tmp_path):
-    target = neural_setup[0]
-    prompt = repetitive_prompts(1, seed=5)[0]
-    ids = prompt + switchsd.generate(target, prompt, max_new_tokens=30).output_ids  # self-distillation
-    cfg = eagle_config(target, target.args.vocab_size)
-    torch.manual_seed(0)
-    head = drafters.Eagle3Head(cfg, target.args.dim).float()
-    with torch.inference_mode():
-        mask, pos = llama.causal_mask(len(ids), 0)
-        logits, hid = target(torch.tensor(ids), pos, mask, target.new_cache(len(ids)), [("in", 2), ("in", 2), ("in", 1)])
-    feats = torch.cat([hid["in", 2], hid["in", 2], hid["in", 1]], -1)
-    top_logits, top_ids = logits.topk(8, dim=-1)
-    ex = {"tokens": ids, "prompt_len": len(prompt), "feats": feats, "top_logits": top_logits, "top_ids": top_ids}
-    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(40):
-        loss = drafters.eagle3_loss(head, target.model.embed_tokens, ex, steps=3)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.3 * losses[0]
-    assert drafters.acceptance_length(head, target.model.embed_tokens, [ex], 3, head.d2t) > 2.0
-
-
-def test_reference_text_for_heads(tiny):
-    tok = llama.Tokenizer(tiny[1])
-    rows = data.reference_text(tok, n=20, length=64)
-    assert [r["kind"] for r in rows] == ["text-code"] * 10 + ["text-prose"] * 10
-    assert len({r["id"] for r in rows}) == 20
-    assert [i for i, r in enumerate(rows) if r["split"] == "val"] == [9, 19]  # a head can train on text alone
-    assert all(32 <= len(r["output_ids"]) <= 64 for r in rows)
-    # An assistant turn of the chat format, so the target's features are those it decodes with.
-    assert rows[0]["prompt_ids"] == tok.prompt_ids("Show me a piece of Python's standard library.")
-    assert tok.decode(rows[0]["output_ids"]).startswith("```python\n")
-    assert rows == data.reference_text(tok, n=20, length=64)  # deterministic: features resume
-
-
-def test_eagle3_trainer_cli_writes_and_continues_a_head(tmp_path):
-    src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
-    target = llama.Model.from_pretrained(src, torch.float32)
-    rows = []
-    for i, prompt in enumerate(repetitive_prompts(6, seed=7)):
-        out = switchsd.generate(target, prompt, max_new_tokens=12).output_ids
-        rows.append({"id": f"x{i}", "kind": "test", "split": "val" if i < 2 else "train",
-                     "prompt_ids": prompt, "output_ids": out})
-    comps = tmp_path / "c.jsonl"
-    comps.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["train-eagle3", "--model", str(src), "--completions", str(comps), "--draft-vocab", "16",
-            "--steps", "3", "--eval-every", "3", "--intermediate", "32"]
-    drafters.main(args + ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "h1")])
-    first = drafters.Eagle3Head.load(tmp_path / "h1", target)
-    assert first.args.vocab_size == 16
-    # Continuing keeps the draft vocabulary and starts from the saved weights.
-    drafters.main(args + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h2"),
-                          "--init", str(tmp_path / "h1")])
-    second = drafters.Eagle3Head.load(tmp_path / "h2", target)
-    assert torch.equal(first.d2t, second.d2t)
-    assert torch.equal(first.fc.weight, second.fc.weight)
-    with pytest.raises(SystemExit):  # neither completions nor reference text: nothing to train on
-        drafters.main(["train-eagle3", "--model", str(src), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h4")])
-    with pytest.raises(ValueError, match="MLP width"):
-        drafters.main(args[:-2] + ["--steps", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h3"),
-                                   "--init", str(tmp_path / "h1")])
-
 
 def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     """With --repeats, a method's time on a prompt is its fastest round, and its speedup is
@@ -1263,6 +1328,7 @@ def test_bench_pool_equals_one_run_over_all_prompts(monkeypatch, tmp_path):
         bench.main()
 
 
+@pytest.mark.slow
 def test_bench_quick_smoke_run(tmp_path):
     src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
     target = llama.Model.from_pretrained(src, torch.float32)
@@ -1360,54 +1426,3 @@ def test_gguf_conversion_round_trip(tmp_path):
     text = "def f(x):\n    return x  # ünïcode"
     assert tok.encode(text) == ref_tok.encode(text) and tok.decode(tok.encode(text)) == text
     assert tok.prompt_ids("hi") == ref_tok.encode(tok.chat("hi"), special=False)
-
-
-def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
-    model, folder = tiny
-    switchsd.Probe(torch.zeros(64), 1, "attn", 0.5, 2, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
-    draft = noisy_copy(tmp_path / "d", folder, 0.1)
-    eagle, _ = make_eagle(tmp_path / "e", model)
-    base = ["--model", str(folder), "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--dtype", "float32",
-            "--json", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors")]
-    outs = []
-    for extra in ([], ["--draft-model", str(draft)], ["--draft-model", str(draft), "--draft-quant", "none"],
-                  ["--eagle", str(eagle)]):
-        r = run_cli(*base, *extra)
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout)
-        assert len(out["probe_scores"]) == len(out["output_ids"]) and out["probe_scores"][-1] is None
-        assert out["copy_steps"] + out["neural_steps"] + out["accept_hist"][0] >= out["target_forwards"] - 1
-        assert set(out["accepted_by_path"]) <= {"copy", "neural", "ar"}
-        outs.append(out["output_ids"])
-    assert outs[0] == outs[1] == outs[2] == outs[3]  # greedy: every drafter gives the AR output
-    r = run_cli(*[x for x in base if x != "--json"], "--show", "path")
-    assert r.returncode == 0 and "\x1b[30;43m" in r.stdout  # copied tokens, coloured
-
-
-def test_cli_refuses_mismatched_inputs(tiny, tmp_path):
-    model, folder = tiny
-    other = make_checkpoint(tmp_path / "o", seed=3)
-    vocab = json.loads((other / "tokenizer.json").read_text())
-    vocab["model"]["vocab"] = {k: (v + 1) % 256 if v < 256 else v for k, v in vocab["model"]["vocab"].items()}
-    (other / "tokenizer.json").write_text(json.dumps(vocab))
-    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps", "--draft-model", str(other))
-    assert r.returncode != 0 and "tokenizer differs from the target's" in r.stderr
-    switchsd.Probe(torch.zeros(32), 1, "attn", 0.5, 5, {"hidden_size": 32}).save(tmp_path / "p.safetensors")
-    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors"))
-    assert r.returncode != 0 and "probe made for a model with hidden_size 32, this model has 64" in r.stderr
-    r = run_cli("--model", str(folder), "--prompt", "x", "--method", "sps")
-    assert r.returncode != 0 and "--method sps needs --draft-model" in r.stderr
-
-
-def test_probe_eval_command(tiny, tmp_path):
-    model, folder = tiny
-    switchsd.Probe(torch.randn(64), 1, "attn", 0.5, 3, switchsd.model_identity(model)).save(tmp_path / "p.safetensors")
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"abc{i} abc{i} abc{i}"}) + "\n"
-                                                    for i in range(3)))
-    r = subprocess.run([sys.executable, str(HERE / "probe.py"), "eval", "--model", str(folder), "--probe",
-                        str(tmp_path / "p.safetensors"), "--prompts", str(tmp_path / "prompts.jsonl"),
-                        "--max-new-tokens", "10", "--json"], capture_output=True, text=True, cwd=HERE, timeout=300)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert set(out) == {"precision", "recall", "f1", "auc", "tokens", "positives", "surface_auc",
-                        "kgram_precision", "kgram_recall", "kgram_f1"} and out["tokens"] > 0
