@@ -554,8 +554,8 @@ def bench_table1(a):
         configs = [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", heads[0]), ("smollm2-135m", None, heads[1])]
     n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
     for model, draft, eagle in configs:
-        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, topk=a.topk, dtype=a.dtype, quant=a.draft_quant,
-                  threshold=a.draft_threshold)
+        s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, gamma=a.gamma, topk=a.topk, dtype=a.dtype,
+                  quant=a.draft_quant, threshold=a.draft_threshold)
         methods = table1_methods(draft, eagle, s.probe)
         hf = {}
         if a.hf:
@@ -800,6 +800,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
     p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
+    p.add_argument("--gamma", type=int, help="the drafters' lookahead (default: each drafter's own; "
+                   "the 'gamma=8' rows keep 8)")
     p.add_argument("--topk", type=int, help="the drafters' top-k per depth (greedy; default: each drafter's own)")
     p.add_argument("--draft-threshold", type=float,
                    help="the drafters' early stop, q below it (0 = never; default: each drafter's own)")

@@ -46,6 +46,7 @@ import llama
 
 KAPPA = 5  # the paper's kappa: a copy is a verbatim repeat of at least this many tokens
 
+
 # ---------------------------------------------------------------------------------------
 # Labels: Y_j = 1 iff token j lies in a verbatim repeat of >= kappa tokens
 # ---------------------------------------------------------------------------------------
@@ -98,6 +99,7 @@ def surface_scores(ids, start: int, longest: int = 8) -> np.ndarray:
             out[j - start] = m
     return out
 
+
 # ---------------------------------------------------------------------------------------
 # Prompt sets
 # ---------------------------------------------------------------------------------------
@@ -120,6 +122,7 @@ SWAPS = {"software": "program", "license": "licence", "function": "routine", "ob
 # (text, replacement): one operator flipped on purpose for the "fix the bug" prompts
 BUGS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" is None", " is not None"),
         (" is not None", " is None"), (" + 1", " - 1"), (" - 1", " + 1"), (" and ", " or "), (" or ", " and ")]
+
 
 # ---------------------------------------------------------------------------------------
 # Material: functions, passages and words found on this machine
@@ -213,6 +216,7 @@ def load_material(seed=0, n_files=200, per_file=8):
         unique.setdefault(p, src)
     passages = [(src, p) for p, src in unique.items()]
     return dict(files=files, functions=functions, passages=passages, words=words)
+
 
 # ---------------------------------------------------------------------------------------
 # Prompt generators: each draws (source, prompt) from the material, or None if it cannot
@@ -545,6 +549,7 @@ def subset(prompts, sizes: dict) -> list[dict]:
                     n -= 1
     return out
 
+
 # ---------------------------------------------------------------------------------------
 # JSON lines
 # ---------------------------------------------------------------------------------------
@@ -562,6 +567,7 @@ def progress(i: int, n: int, t0: float, what: str):
     bar = "#" * int(30 * done)
     print(f"\r{what} [{bar:30s}] {i}/{n} {spent / 60:.1f} min, eta {eta / 60:.1f} min",
           end="\n" if i == n else "", file=sys.stderr, flush=True)
+
 
 # ---------------------------------------------------------------------------------------
 # Features: every layer's residual stream at each completion token, as fp16 memmaps
@@ -686,6 +692,7 @@ def eagle_examples(folder):
                 **{k: torch.from_numpy(np.asarray(v[a:b], dtype=np.float32 if k != "top_ids" else np.int64))
                    for k, v in arrays.items()}}
     return info, example
+
 
 # ---------------------------------------------------------------------------------------
 # Ablation data (paper section 4.3): other sources of copy labels, teacher-forced
