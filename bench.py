@@ -737,6 +737,51 @@ def bench_passes(a):
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 
 
+def bench_invariance(a):
+    """Is a row's result independent of how many rows share its pass (issue: bit-exact
+    verification)? For each distinct Linear shape of each model, the T values whose rows are
+    bit-identical to the same rows computed in a pass of max(--widths) rows; then whole-model
+    logits: T new tokens in one causal pass against the same tokens one at a time."""
+    lines = ["| model | dtype | Linear (out x in): widths T whose rows equal the widest pass's | "
+             "whole model: rows equal to one-token steps |", "|---|---|---|---|"]
+    g = torch.Generator().manual_seed(0)
+    for name, dtype in [(n, d) for n in a.models for d in a.dtypes]:
+        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype))
+        dt = dtype_name(model.dtype)
+        shapes = {}
+        for mod in model.modules():
+            if isinstance(mod, llama.Linear):
+                shapes.setdefault(tuple(mod.weight.shape), mod)
+        cells = []
+        with torch.inference_mode():
+            for (O, I), lin in shapes.items():
+                x = torch.randn(max(a.widths), I, generator=g).to(model.dtype)
+                ref = lin(x)
+                ok = [T for T in a.widths if torch.equal(lin(x[:T]), ref[:T])]
+                cells.append(f"{O}x{I}: {','.join(map(str, ok)) or 'none'}")
+            ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),), generator=g)
+            cache = model.new_cache(len(ids))
+            mask, pos = llama.causal_mask(a.context, 0)
+            model(ids[:a.context], pos, mask, cache, logits_at=slice(0, 0))
+            steps = []
+            for i in range(max(a.widths)):  # one token at a time
+                mask, pos = llama.causal_mask(1, a.context + i)
+                steps.append(model(ids[a.context + i:a.context + i + 1], pos, mask, cache)[0][0])
+            whole = []
+            for T in a.widths:
+                cache.truncate(a.context)
+                mask, pos = llama.causal_mask(T, a.context)
+                lo = model(ids[a.context:a.context + T], pos, mask, cache)[0]
+                same = sum(torch.equal(lo[i], steps[i]) for i in range(T))
+                gap = max(float((lo[i] - steps[i]).abs().max()) for i in range(T))
+                whole.append(f"T={T}: {same}/{T} (max gap {gap:.2g})")
+        lines.append(f"| {name} | {dt} | {'; '.join(cells)} | {'; '.join(whole)} |")
+        log(lines[-1])
+        del model
+    lines.append(f"\n{machine()}, context {a.context} tokens. Command: python bench.py {' '.join(sys.argv[1:])}")
+    write_md("runs/bench_invariance.md", "\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -839,6 +884,11 @@ def main():
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
                    help="the dtypes to time each model in (int8: of its activations)")
+    p = sub.add_parser("invariance", help="do a row's logits depend on how many rows share its pass?")
+    p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=switchsd.DTYPES)
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 9, 12, 16, 21, 41, 81])
+    p.add_argument("--context", type=int, default=256)
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)
@@ -849,7 +899,8 @@ def main():
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
-     "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool}[a.cmd](a)
+     "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool,
+     "invariance": bench_invariance}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))
 
