@@ -465,6 +465,26 @@ def test_checkpoint_errors(tmp_path):
         llama.Tokenizer(folder)
 
 
+def test_config_without_architectures_falls_back_on_model_type(tmp_path):
+    """A config.json whose architectures is null or missing is read by its model_type; one with
+    neither is refused in one line that names the file."""
+    folder = make_checkpoint(tmp_path / "m")  # qwen2
+    ids = list(range(3, 40))
+    ref = full_logits(llama.Model.from_pretrained(folder, torch.float32), ids)
+    cfg = json.loads((folder / "config.json").read_text())
+    for c in ({**cfg, "architectures": None}, {k: v for k, v in cfg.items() if k != "architectures"}):
+        (folder / "config.json").write_text(json.dumps(c))
+        m = llama.Model.from_pretrained(folder, torch.float32)
+        assert m.args.arch == "Qwen2ForCausalLM"
+        torch.testing.assert_close(full_logits(m, ids), ref, rtol=0, atol=0)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items()
+                                                    if k not in ("architectures", "model_type")}))
+    with pytest.raises(ValueError, match="config.json: unsupported architecture 'model_type None, "
+                                         "no architectures'") as e:
+        llama.Model.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
 def test_sharded_checkpoint(tmp_path):
     folder = make_checkpoint(tmp_path / "m")
     from safetensors.torch import load_file
