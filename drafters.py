@@ -468,6 +468,13 @@ class Eagle3Head(nn.Module):
         ids = head.draft_ids()
         if ids.min() < 0 or ids.max() >= target.args.vocab_size:
             raise ValueError(f"{folder}: d2t maps draft ids outside the target's vocabulary")
+        # One-to-one, or q (spread over target ids by pick) would not be the distribution the
+        # head drew its token from: of two draft rows on one target id, q keeps one's probability.
+        seen = {}
+        for d, t in enumerate(ids.tolist()):
+            if t in seen:
+                raise ValueError(f"{folder}: d2t maps draft ids {seen[t]} and {d} to the same target id {t}")
+            seen[t] = d
         head.inv_freq = llama.rope_frequencies(head.args).to(target.device)
         return head.eval()
 

@@ -683,6 +683,12 @@ def test_eagle3_loader_official_layout_and_variants(copier_model, tmp_path):
     with pytest.raises(ValueError, match="no d2t, and draft_vocab_size 16 differs"):
         drafters.Eagle3Head.load(folder, m)
     state["d2t"] = torch.zeros(16, dtype=torch.long)
+    state["d2t"][1] = -1  # draft ids 0 and 1 both -> target id 0: q would not be the proposal's
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="nod2t16: d2t maps draft ids 0 and 1 to the same target id 0") as e:
+        drafters.Eagle3Head.load(folder, m)
+    assert "\n" not in str(e.value)
+    state["d2t"] = torch.zeros(16, dtype=torch.long)
     state["fc.weight"] = torch.zeros(m.args.dim, 3 * m.args.dim + 3)
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match="fc.weight takes 387 features"):
