@@ -156,6 +156,11 @@ def accept(logits, tree: Tree, temperature, top_p, gen):
     and when no child is accepted, the bonus token is sampled from what is left of p.
     A copied token is a deterministic draft, q = one-hot(x): accept with p(x), else zero
     p(x) and renormalise. Either way every emitted token is distributed exactly as p.
+
+    The residual max(0, p - q) has mass sum(max(0, p - q)) = P(reject): where that is zero up
+    to rounding (q == p), a rejection had probability zero and only rounding produced it; p
+    itself then stands in for the residual (0 / 0 otherwise), which moves the output
+    distribution by at most that mass (below 1e-6).
     """
     children = [[] for _ in tree.tokens]
     for i, parent in enumerate(tree.parents[1:], start=1):
@@ -178,11 +183,14 @@ def accept(logits, tree: Tree, temperature, top_p, gen):
                 path.append(c)
                 node = c
                 break
+            r = p.clone()
             if q is None:
-                p[x] = 0.0
+                r[x] = 0.0
             else:
-                p = (p - q).clamp_min(0.0)
-            p = p / p.sum()
+                r = (p - q).clamp_min(0.0)
+            mass = r.sum()
+            if mass > 1e-6:
+                p = r / mass
         else:
             return path, torch.multinomial(p, 1, generator=gen).item()
 

@@ -825,6 +825,24 @@ def test_tree_acceptance_is_lossless():
         draws_match(second, {x: target[1][x].item() for x in range(V)}, m)
 
 
+def test_zero_residual_falls_back_to_p():
+    """Rejecting a draft where p <= q everywhere leaves max(0, p - q) without mass (q == p up to
+    rounding, in practice): the bonus token is then drawn from p itself, not from 0 / 0."""
+    logits = torch.tensor([1.0, 0.5, -1.0, 0.2]).repeat(2, 1)  # the root's row and the child's
+    p = torch.softmax(logits[0], 0)
+    q = p.clone()
+    q[1] += 1.0  # p - q <= 0 everywhere; the draft is rejected with probability 1 - p(1) / q(1)
+    tree = Tree.chain(5, [1], q=[q])
+    g, counts, n = torch.Generator().manual_seed(0), {}, 0
+    for _ in range(3000):
+        path, bonus = switchsd.accept(logits, tree, 1.0, 1.0, g)
+        if not path:
+            counts[bonus] = counts.get(bonus, 0) + 1
+            n += 1
+    assert n > 2000
+    draws_match(counts, {x: p[x].item() for x in range(4)}, n)
+
+
 def test_ar_greedy_matches_recomputation(tiny):
     model, _ = tiny
     prompt = list(range(30, 45))
