@@ -127,7 +127,9 @@ def pick(logits, temperature, top_p, gen, topk: int, threshold: float, ids=None,
     Greedy: the top-k rows (the first is the chain's token, the rest runner-up leaves), q None.
     Sampling: one row drawn from q = probs(logits). `sure` is the drafter's probability of its
     token, for the early stop (greedy computes it only when a threshold asks for it). ids maps
-    rows to target ids (a cut vocabulary), and q is then spread over the target's vocab_size.
+    rows to target ids (a cut vocabulary; None: row i is id i). q is returned over the target's
+    vocab_size ids, zero on those the drafter has no row for: the acceptance rule subtracts it
+    from the target's p, so the two must have the same length.
     Returns (target ids of the picked rows, q or None, sure).
     """
     if temperature == 0:
@@ -139,8 +141,9 @@ def pick(logits, temperature, top_p, gen, topk: int, threshold: float, ids=None,
         sure = q[top[0]].item()
     if ids is not None:
         top = ids[top]
-        if q is not None:
-            q = torch.zeros(vocab_size, device=q.device).index_copy_(0, ids, q)
+    if q is not None and (ids is not None or len(q) < vocab_size):
+        rows = ids if ids is not None else torch.arange(len(q), device=q.device)
+        q = torch.zeros(vocab_size, device=q.device).index_copy_(0, rows, q)
     return top.tolist(), q, sure
 
 
@@ -305,11 +308,23 @@ class DraftModel:
     leaves, as Eagle3 does: where the 0.5B Qwen draft's first choice misses the 1.5B target's
     token, its second choice is the target's half the time (ad hoc, 4,880 tokens of the
     target's Spec-Bench answers), and a few more rows cost the verification pass almost
-    nothing on a bandwidth-bound machine. No extra draft forward."""
+    nothing on a bandwidth-bound machine. No extra draft forward.
+
+    target_vocab: the target's vocabulary size (None: the draft's own), which may exceed the
+    draft's: Qwen2.5-Coder-7B has 152,064 rows, its 0.5B draft 151,936 (switchsd.load_draft
+    allows draft <= target). q is over the target's ids, zero on the rows the draft lacks. An
+    id the draft has no row for can only reach it through the context (the prompt, or a token
+    the target emitted itself); its embedding lookup would index out of range, so the draft
+    reads such an id as its own last row. In the Qwen pair both are untrained padding rows;
+    in any pair the stand-in only makes the draft's guesses worse, never the output: every
+    drafted token still meets the acceptance rule."""
     capture = ()  # needs no hidden state of the target
 
-    def __init__(self, model, cfg: SPSConfig = SPSConfig()):
+    def __init__(self, model, cfg: SPSConfig = SPSConfig(), target_vocab: int | None = None):
         self.model, self.gamma, self.threshold, self.vocab, self.topk = model, cfg.gamma, cfg.threshold, cfg.vocab, cfg.topk
+        self.target_vocab = target_vocab or model.args.vocab_size
+        if self.target_vocab < model.args.vocab_size:
+            raise ValueError(f"draft vocabulary of {model.args.vocab_size} exceeds the target's {self.target_vocab}")
         self.last = ("mlp", model.args.n_layers - 1)  # the final residual, before the norm
 
     def reset(self, max_len: int):
@@ -324,6 +339,7 @@ class DraftModel:
         """Cut the output layer to the subset; redone only when the context brings a new token
         (a few per answer), so the subset is a function of the context alone."""
         new = torch.tensor(ctx[self.seen:], dtype=torch.long)
+        new = new[new < len(self.keep)]  # an id the draft has no row for cannot be drafted
         self.seen = len(ctx)
         if self.head is not None and self.keep[new].all():
             return
@@ -335,7 +351,7 @@ class DraftModel:
         """The draft's logits for the token after feed, over the subset if there is one."""
         dev = self.model.device
         mask, pos = llama.causal_mask(len(feed), self.cache.n, dev)
-        ids = torch.tensor(feed, device=dev)
+        ids = torch.tensor(feed, device=dev).clamp_max(self.model.args.vocab_size - 1)  # see the class
         if self.head is None:
             return self.model(ids, pos, mask, self.cache, logits_at=slice(-1, None))[0][0].float()
         _, hidden = self.model(ids, pos, mask, self.cache, (self.last,), logits_at=slice(0, 0))
@@ -361,7 +377,7 @@ class DraftModel:
             self.tokens += feed
             self.synced = len(ctx)  # all of ctx is in the cache now
             (x, *leaves), q, sure = pick(logits, temperature, top_p, gen, self.topk, self.threshold,
-                                         self.ids if self.head is not None else None, self.model.args.vocab_size)
+                                         self.ids if self.head is not None else None, self.target_vocab)
             node = tree.grow(node, x, q, leaves)
             if sure < self.threshold:
                 break

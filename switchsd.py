@@ -394,7 +394,8 @@ def make_drafters(method: str, target, *, copy=CopyConfig(), draft=None, sps=SPS
     copier = {"pld": PromptLookup(), "copyspec": CopySpec()}.get(method)
     if method in ("copy", "banditspec", "switchsd"):
         copier = CopyDrafter(copy)
-    neural = DraftModel(draft, sps) if draft is not None else Eagle3(head, target, eagle) if head is not None else None
+    neural = (DraftModel(draft, sps, target.args.vocab_size) if draft is not None
+              else Eagle3(head, target, eagle) if head is not None else None)
     return copier, neural
 
 

@@ -147,6 +147,20 @@ def noisy_copy(folder: Path, src: Path, noise: float, seed=0) -> Path:
     return folder
 
 
+def cut_vocab(folder: Path, src: Path, n: int, noise: float, seed=0) -> Path:
+    """A draft model with only the first n of the target's vocabulary rows (its embedding and
+    output layer cut), plus noise: a draft smaller in vocabulary than its target, as the
+    0.5B Qwen2.5-Coder (151,936 rows) is against the 7B (152,064). Same tokenizer file."""
+    from safetensors.torch import load_file
+    noisy_copy(folder, src, noise, seed)
+    t = load_file(str(folder / "model.safetensors"))
+    save_file({k: v[:n].contiguous() if k in ("model.embed_tokens.weight", "lm_head.weight") else v
+               for k, v in t.items()}, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "vocab_size": n}))
+    return folder
+
+
 def eagle_config(model, draft_vocab):
     a = model.args
     return {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": a.dim, "num_attention_heads": 4,
@@ -969,19 +983,48 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
             assert lagging.tokens == rebuilt.tokens, name
 
 
+def test_sps_draft_with_a_smaller_vocabulary(tmp_path):
+    """A draft with fewer vocabulary rows than its target (the 0.5B Qwen2.5-Coder, 151,936,
+    drafting for the 7B, 152,064): its q lives on the target's vocabulary, zero on the rows it
+    lacks, and an id it has no row for (in the prompt, or the target's own token) is read as
+    its last row, never looked up out of range. Greedy equals AR, sampling gets past rejections."""
+    src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
+    target = llama.Model.from_pretrained(src, torch.float32)
+    draft = switchsd.load_draft(cut_vocab(tmp_path / "d", src, 6, 0.3), target, llama.Tokenizer(src),
+                                torch.float32, "cpu", "none")
+    assert (draft.args.vocab_size, target.args.vocab_size) == (6, 8)
+    prompt = [1, 2, 6, 3, 7, 4, 5]  # 6 and 7: ids the draft has no row for
+    ref = switchsd.generate(target, prompt, max_new_tokens=30).output_ids
+    assert {6, 7} & set(ref)  # the target emits them too
+    for cfg in (sps(gamma=3), sps(gamma=3, vocab=4, topk=2)):  # the whole vocabulary; a cut head
+        _, neural = switchsd.make_drafters("sps", target, draft=draft, sps=cfg)
+        neural.reset(64)
+        tree = neural.propose(prompt, 3, 1.0, 1.0, torch.Generator().manual_seed(0))
+        assert all(q.shape == (8,) and q[6:].sum() == 0 for q in tree.q[1:])
+        res = switchsd.generate(target, prompt, "sps", None, neural, max_new_tokens=30)
+        assert res.output_ids == ref and sum(s.accepted for s in res.steps) > 0
+        rejected = 0
+        for seed in range(10):
+            res = switchsd.generate(target, prompt, "sps", None, neural, max_new_tokens=12, temperature=1.0, seed=seed)
+            rejected += sum(s.accepted < s.drafted for s in res.steps)
+        assert rejected > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,gamma,threshold,temperature",
                          [("sps", 2, 0.0, 1.0), ("sps", 3, 0.7, 4.0), ("sps-vocab", 2, 0.0, 1.0),
-                          ("sps-int8", 2, 0.0, 1.0),
+                          ("sps-int8", 2, 0.0, 1.0), ("sps-small", 2, 0.0, 1.0),
                           ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
 def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
     target = llama.Model.from_pretrained(src, torch.float32)
     if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
-        draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32,
-                                            int8=kind == "sps-int8")
-        neural = drafters.DraftModel(draft, sps(gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
-                                     topk=2))  # a greedy-only option: sampling must ignore it
+        # sps-small: a draft with rows for ids 0-5 only; q is zero on 6-7, p is not
+        folder = cut_vocab(tmp_path / "d", src, 6, 0.5) if kind == "sps-small" else noisy_copy(tmp_path / "d", src, 0.5)
+        draft = llama.Model.from_pretrained(folder, torch.float32, int8=kind == "sps-int8")
+        _, neural = switchsd.make_drafters("sps", target, draft=draft, sps=sps(
+            gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
+            topk=2))  # a greedy-only option: sampling must ignore it
         kind = "sps"
     else:  # a head over 6 of the 8 ids: q is zero on the other two, p is not
         head = drafters.Eagle3Head.load(make_eagle(tmp_path / "e", target, draft_vocab=6)[0], target)
