@@ -226,7 +226,12 @@ class PromptLookup:
 
 class CopySpec:
     """CopySpec (Dumitru et al. 2025): hash the last gamma = 3 tokens, look up the first
-    occurrence of that gamma-gram, copy the 10 tokens that followed it."""
+    occurrence of that gamma-gram, copy the 10 tokens that followed it.
+
+    Where it finds no match, the step goes to the neural drafter the run was given: this
+    project's SPS (DraftModel) or EAGLE-3 (Eagle3), as the benchmarks' CopySpec[SPS] and
+    CopySpec[EAGLE3] rows say, not the speculative decoder of the CopySpec paper's own runs;
+    without one, a plain autoregressive step."""
 
     def __init__(self, gamma: int = 3, num_copy: int = 10):
         self.gamma, self.num_copy = gamma, num_copy

@@ -109,7 +109,7 @@ def model_identity(model, name="") -> dict:
 @dataclass
 class Step:
     """One target forward: every statistic in the benchmarks is derived from these."""
-    path: str  # "ar", "copy" or "neural"
+    path: str  # "ar", "copy" or "neural"; banditspec's copy arm is "copy" even when it found nothing
     drafted: int  # candidate tokens sent to the target besides the current one
     accepted: int  # drafted tokens accepted (the target's own bonus token comes on top)
     seconds: float
@@ -208,8 +208,9 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     neural: a neural drafter (DraftModel for SPS, Eagle3 for EAGLE3), or None for plain
             autoregressive steps whenever the policy does not copy.
     probe:  the copy-intent probe (probe.Probe); SwitchSD's gate, and per-token scores.
-    method: the policy: "switchsd" and "banditspec" gate the copier, the others copy
-            whenever the copier finds a match ("ar", "sps" and "eagle3" have no copier).
+    method: the policy (see policy): "switchsd" gates the copier with the probe, "banditspec"
+            lets UCBSpec pick copy or neural at every step, the others copy whenever the
+            copier finds a match ("ar", "sps" and "eagle3" have no copier).
     """
     limit = model.args.max_seq_len
     if not prompt_ids:
@@ -218,6 +219,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
         raise ValueError(f"prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
     if method == "switchsd" and (probe is None or copier is None):
         raise ValueError("switchsd needs a probe and a copy drafter")
+    if method == "banditspec" and copier is None:
+        raise ValueError("banditspec needs a copy drafter")
     dev = model.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     max_len = min(limit, len(prompt_ids) + max_new_tokens) + MAX_TREE
@@ -225,7 +228,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     for d in (copier, neural):
         if d is not None:
             d.reset(max_len)
-    bandit = UCB1(["copy", "neural"]) if method == "banditspec" else None
+    bandit = UCBSpec(["copy", "neural"]) if method == "banditspec" else None
     capture = ((probe.capture,) if probe else ()) + (neural.capture if neural else ())
     res = Result(prompt_ids=list(prompt_ids))
     ctx = list(prompt_ids)  # ctx[-1] is the current token: sampled, not yet run by the target
@@ -250,14 +253,16 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
                 res.stop = "length" if len(res.output_ids) >= max_new_tokens else "context"
                 break
             ts = time.perf_counter()
-            # 1. The policy: copy this step, or draft with the neural drafter?
-            use_copy, arm = policy(method, ctx, score, copier, probe, bandit)
-            # 2. Draft at most budget - 1 tokens deep, so accepted + bonus fit the budget.
-            depth = budget - 1
-            tree = copier.propose(ctx, depth) if use_copy and depth > 0 else None
-            kind = "copy" if tree else "neural" if neural else "ar"
+            depth = budget - 1  # drafts at most this deep, so that accepted + bonus fit the budget
+            # 1. The policy: copy this step, or draft with the neural drafter? (Nothing to
+            #    choose when there is no room to draft.)
+            use_copy, arm = policy(method, ctx, score, copier, probe, bandit) if depth > 0 else (False, None)
+            # 2. Draft. The bandit's copy arm may find nothing: then the step is an AR step,
+            #    on the copy arm's account.
+            tree = copier.propose(ctx, depth) if use_copy else None
+            kind = "copy" if tree is not None or arm == "copy" else "neural" if neural else "ar"
             if tree is None:
-                tree = neural.propose(ctx, depth, temperature, top_p, gen) if neural and depth > 0 \
+                tree = neural.propose(ctx, depth, temperature, top_p, gen) if kind == "neural" and depth > 0 \
                     else Tree([ctx[-1]])
             # 3. Verify the whole tree in one target pass and accept the longest agreed path.
             path, bonus, hidden = verify(model, cache, tree, temperature, top_p, gen, capture)
@@ -270,7 +275,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             new = [tree.tokens[i] for i in path] + [bonus]
             res.steps.append(Step(kind, len(tree) - 1, len(path), time.perf_counter() - ts))
             if arm:
-                bandit.update(arm, len(new) / res.steps[-1].seconds)
+                bandit.update(arm, len(new), res.steps[-1].seconds)
             # An end-of-sequence token, drafted or not, ends generation right after it.
             end = next((i + 1 for i, t in enumerate(new) if t in stop_ids), None)
             new = new[:end]
@@ -293,43 +298,59 @@ def policy(method, ctx, score, copier, probe, bandit):
 
     SwitchSD's gate (the paper's decision rule): copy iff the probe reads copy intent in the
     last hidden state, score >= tau, AND the kappa-gram ending at the current token occurred
-    before. PLD, CopySpec and unguarded copy try whenever they find a match.
+    before. BanditSpec, the baseline the SwitchSD paper ran: UCBSpec picks copy or neural at
+    every step without looking at the context, and the copy arm drafts whatever a surface
+    match finds (here PLD's n-gram lookup), possibly nothing. PLD, CopySpec and unguarded copy
+    try whenever they find a match.
     """
     if method == "switchsd":
         return score >= probe.tau and copier.matches(ctx), None
-    if method == "banditspec":  # UCB1 picks an arm whenever copying is possible
-        arm = bandit.pick() if copier.matches(ctx) else None
+    if method == "banditspec":
+        arm = bandit.pick()
         return arm == "copy", arm
     return copier is not None, None
 
 
-class UCB1:
-    """BanditSpec's UCBSpec (Hou et al. 2025) over drafting arms, with UCB1 (Auer et al. 2002):
-    play each arm once, then the arm maximising mean reward + sqrt(c ln t / n_arm).
+class UCBSpec:
+    """UCBSpec, the UCB algorithm of BanditSpec (Hou et al. 2025, "BanditSpec: Adaptive
+    Speculative Decoding via Bandit Algorithms"), over drafting arms.
 
-    Reward: tokens emitted per second in the round, divided by the best rate seen so far, so
-    rewards lie in [0, 1] as UCB1 assumes. c = 2, the constant of UCB1's regret bound.
+    Every step plays one arm, and its reward is the step's raw throughput: tokens emitted /
+    seconds spent drafting and verifying, unnormalised, as the authors' code measures it
+    (github.com/sail-sg/BanditSpec, generate_utils.py, ucb_length_spec_generate). Each arm is
+    played `warmup` times in turn, then the arm with the largest upper confidence bound
+        mean_a + sqrt(c ln t / n_a),   c = 6 (the code's exploration_weight),
+    t the steps played so far and n_a those of arm a.
+
+    Where this differs from the authors' code:
+      - the arms: copy or neural drafting, the BanditSpec baseline of the SwitchSD paper;
+        the code's arms are EAGLE draft lengths gamma = 1..4;
+      - the bonus divides by n_a, as UCB1 (Auer et al. 2002) does; the code divides by all the
+        steps played, which gives every arm the same bonus, so that after its warm-up it
+        always plays the best mean and never revisits an arm that started badly;
+      - the warm-up plays each arm twice in turn; the code plays gamma 1, 2, 3, 4, 1, 2, 3.
+    Rewards are not scaled to [0, 1] as UCB1's analysis assumes: the bonus, a few units,
+    decides only between arms within a few tokens per second of each other.
     """
-    c = 2.0
+    c = 6.0
+    warmup = 2
 
     def __init__(self, arms):
         self.arms = list(arms)
         self.n = {a: 0 for a in self.arms}
-        self.raw = {a: [] for a in self.arms}  # tokens/s of each round, before normalising
-        self.best = 0.0
+        self.total = {a: 0.0 for a in self.arms}  # summed rewards, tokens per second
 
     def pick(self) -> str:
-        for a in self.arms:
-            if self.n[a] == 0:
-                return a
+        first = min(self.arms, key=self.n.get)  # the least played, the first of a tie
+        if self.n[first] < self.warmup:
+            return first
         t = sum(self.n.values())
-        mean = {a: sum(self.raw[a]) / self.n[a] / self.best for a in self.arms}
-        return max(self.arms, key=lambda a: mean[a] + math.sqrt(self.c * math.log(t) / self.n[a]))
+        return max(self.arms, key=lambda a: self.total[a] / self.n[a] + math.sqrt(self.c * math.log(t) / self.n[a]))
 
-    def update(self, arm: str, tokens_per_second: float):
+    def update(self, arm: str, tokens: int, seconds: float):
+        """A step of `arm` emitted `tokens` in `seconds`."""
         self.n[arm] += 1
-        self.raw[arm].append(tokens_per_second)
-        self.best = max(self.best, tokens_per_second)
+        self.total[arm] += tokens / max(seconds, 1e-9)
 
 
 def summary(res: Result) -> dict:
@@ -352,7 +373,7 @@ def summary(res: Result) -> dict:
         "stop": res.stop,
         "mean_accepted": round(n / len(steps), 4) if steps else 0.0,  # tokens per decode forward
         "accept_hist": hist,  # steps by number of drafted tokens accepted
-        "copy_attempts": len(copy),
+        "copy_attempts": len(copy),  # banditspec: every step of its copy arm, found or not
         "copy_zero_accept": copy.count(0),  # the speculation tax: passes that copied nothing
         "copy_accepted_mean": round(sum(copy) / len(copy), 4) if copy else 0.0,
         "copy_steps": len(copy),
@@ -382,6 +403,8 @@ def make_drafters(method: str, target, *, copy=CopyConfig(), draft=None, sps=SPS
 
     draft: an SPS draft model (llama.Model), head: an Eagle3Head; with neither, the neural
     path is plain autoregressive steps (so "switchsd" alone is the copy path plus AR steps).
+    copy: SwitchSD's retriever ("copy", "switchsd"). BanditSpec's copy arm drafts from a
+    surface match, as in the SwitchSD paper's baseline: PLD's n-gram lookup is our choice.
     """
     if draft is not None and head is not None:
         raise ValueError("give --draft-model or --eagle, not both")
@@ -391,8 +414,8 @@ def make_drafters(method: str, target, *, copy=CopyConfig(), draft=None, sps=SPS
         raise ValueError("--method sps needs --draft-model")
     if method == "eagle3" and head is None:
         raise ValueError("--method eagle3 needs --eagle")
-    copier = {"pld": PromptLookup(), "copyspec": CopySpec()}.get(method)
-    if method in ("copy", "banditspec", "switchsd"):
+    copier = {"pld": PromptLookup(), "copyspec": CopySpec(), "banditspec": PromptLookup()}.get(method)
+    if method in ("copy", "switchsd"):
         copier = CopyDrafter(copy)
     neural = (DraftModel(draft, sps, target.args.vocab_size) if draft is not None
               else Eagle3(head, target, eagle) if head is not None else None)

@@ -1070,8 +1070,8 @@ def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
         for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
             for method in ("switchsd", "banditspec"):
                 probe = planted_probe(target, range(0, 32, 2))
-                res = switchsd.generate(target, prompt, method, CopyDrafter(CopyConfig(3, 3, 10)), make(), probe,
-                                        max_new_tokens=40)
+                copier, _ = switchsd.make_drafters(method, target, copy=CopyConfig(3, 3, 10))  # banditspec: PLD
+                res = switchsd.generate(target, prompt, method, copier, make(), probe, max_new_tokens=40)
                 assert res.output_ids == ref, method
                 copied += sum(s.accepted for s in res.steps if s.path == "copy")
     assert copied > 50
@@ -1095,15 +1095,49 @@ def test_switchsd_sampling_is_lossless(tmp_path):
     draws_match(counts, joint, n)
 
 
-def test_ucb1_prefers_the_faster_arm():
-    b = switchsd.UCB1(["copy", "neural"])
+def test_banditspec_consults_the_bandit_at_every_step(copier_model, monkeypatch):
+    """BanditSpec as the SwitchSD paper ran it: UCBSpec picks copy or neural at every step, and
+    the copy arm drafts whatever PLD's n-gram lookup finds, where no kappa-gram recurs too (it
+    is not SwitchSD's gate); when the lookup finds nothing, the copy arm's step is an AR step."""
+    picks = []
+    pick = switchsd.UCBSpec.pick
+    monkeypatch.setattr(switchsd.UCBSpec, "pick", lambda self: picks.append(pick(self)) or picks[-1])
+    base = repetitive_prompts(1, seed=17)[0][:30]
+    prompt = base + [8, 9, 11, base[2]]  # the last token recurs, its 5-gram does not
+    assert not CopyDrafter(CopyConfig(kappa=5)).matches(prompt)
+    copier, neural = switchsd.make_drafters("banditspec", copier_model)
+    assert isinstance(copier, PromptLookup) and neural is None
+    res = switchsd.generate(copier_model, prompt, "banditspec", copier, neural, max_new_tokens=40)
+    assert res.output_ids == switchsd.generate(copier_model, prompt, max_new_tokens=40).output_ids
+    done = [sum(s.accepted + 1 for s in res.steps[:i]) for i in range(len(res.steps))]
+    assert len(picks) == sum(d < 39 for d in done)  # every step with room to draft
+    assert picks[:4] == ["copy", "neural", "copy", "neural"]  # the warm-up: each arm twice
+    assert [s.path for s in res.steps] == [{"copy": "copy", "neural": "ar"}[a] for a in picks] + ["ar"] * (
+        len(res.steps) - len(picks))  # the neural arm without a neural drafter: AR steps
+    first = res.steps[0]
+    assert first.path == "copy" and first.drafted > 0 and first.accepted > 0  # copied without a kappa-gram
+
+
+def test_ucbspec_prefers_the_faster_arm():
+    """The reward is the round's raw throughput, tokens / seconds. The arm that emits more per
+    second wins, and the exploration bonus brings back an arm whose warm-up rounds were unlucky
+    (with the authors' shared bonus, the same for every arm, it would never be played again)."""
+    b = switchsd.UCBSpec(["copy", "neural"])
     rng = random.Random(0)
     picks = []
     for _ in range(300):
         arm = b.pick()
         picks.append(arm)
-        b.update(arm, rng.gauss(30 if arm == "copy" else 10, 3))
+        b.update(arm, 3 if arm == "copy" else 1, rng.uniform(0.08, 0.12))  # 30 vs 10 tokens/s
     assert picks[:2] == ["copy", "neural"] and picks[-100:].count("copy") > 90
+    b, picks = switchsd.UCBSpec(["copy", "neural"]), []
+    for _ in range(300):
+        arm = b.pick()
+        picks.append(arm)
+        unlucky = arm == "copy" and picks.count("copy") <= 2  # 1 token/s in its warm-up, 5 after
+        b.update(arm, 1 if unlucky or arm == "neural" else 5, 1.0 if unlucky or arm == "copy" else 0.5)
+    assert picks[:4] == ["copy", "neural", "copy", "neural"] and picks[4] == "neural"
+    assert picks[-100:].count("copy") > 90
 
 
 def test_probe_file_round_trip_and_refusals(tiny, copier_model, tmp_path):
