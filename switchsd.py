@@ -111,7 +111,7 @@ class Step:
     """One target forward: every statistic in the benchmarks is derived from these."""
     path: str  # "ar", "copy" or "neural"; banditspec's copy arm is "copy" even when it found nothing
     drafted: int  # candidate tokens sent to the target besides the current one
-    accepted: int  # drafted tokens accepted (the target's own bonus token comes on top)
+    accepted: int  # drafted tokens accepted and emitted (a stop token cuts them; the bonus comes on top)
     seconds: float
 
 
@@ -273,12 +273,13 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
                 scores += s if res.output_ids else s[1:]  # the first current token is the prompt's
                 score = s[-1]
             new = [tree.tokens[i] for i in path] + [bonus]
-            res.steps.append(Step(kind, len(tree) - 1, len(path), time.perf_counter() - ts))
-            if arm:
-                bandit.update(arm, len(new), res.steps[-1].seconds)
-            # An end-of-sequence token, drafted or not, ends generation right after it.
+            # An end-of-sequence token, drafted or not, ends generation right after it; the
+            # step's record and the bandit's reward count only the tokens emitted.
             end = next((i + 1 for i, t in enumerate(new) if t in stop_ids), None)
             new = new[:end]
+            res.steps.append(Step(kind, len(tree) - 1, min(len(path), len(new)), time.perf_counter() - ts))
+            if arm:
+                bandit.update(arm, len(new), res.steps[-1].seconds)
             ctx += new
             res.output_ids += new
             if on_tokens:

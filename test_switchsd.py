@@ -912,12 +912,24 @@ def test_copy_at_the_context_limit(copier_model):
 def test_eos_inside_a_candidate(copier_model):
     prompt = repetitive_prompts(1, seed=5)[0]
     free = switchsd.generate(copier_model, prompt, max_new_tokens=40).output_ids
-    eos = free[12]  # a token the model emits mid-run, most likely inside a copied span
-    ref = switchsd.generate(copier_model, prompt, max_new_tokens=40, stop_ids={eos})
-    assert ref.stop == "eos" and ref.output_ids[-1] == eos
-    for method, make in METHODS:
-        res = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40, stop_ids={eos})
-        assert res.output_ids == ref.output_ids and res.stop == "eos"
+    # free[12]: a token the model emits mid-run, most likely inside a copied span; free[7]: the
+    # first time it emits 17, inside a copied candidate that goes on past it (PLD, CopySpec)
+    ran_past = 0
+    for eos in (free[12], free[7]):
+        ref = switchsd.generate(copier_model, prompt, max_new_tokens=40, stop_ids={eos})
+        assert ref.stop == "eos" and ref.output_ids[-1] == eos
+        for method, make in METHODS:
+            res = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40, stop_ids={eos})
+            assert res.output_ids == ref.output_ids and res.stop == "eos"
+            # The steps record what was emitted: the run without the stop token takes the same
+            # steps up to the last, whose accepted tokens are cut at the stop token.
+            run = switchsd.generate(copier_model, prompt, method, make(), max_new_tokens=40).steps[:len(res.steps)]
+            last, emitted = res.steps[-1], len(res.output_ids) - sum(s.accepted + 1 for s in res.steps[:-1])
+            assert [(s.path, s.drafted, s.accepted) for s in res.steps[:-1]] == \
+                [(s.path, s.drafted, s.accepted) for s in run[:-1]], method
+            assert last.accepted == min(run[-1].accepted, emitted), (method, eos)
+            ran_past += run[-1].accepted > last.accepted
+    assert ran_past > 0  # a copied candidate did run past the stop token
 
 
 @pytest.mark.slow
