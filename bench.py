@@ -610,7 +610,8 @@ def bench_analysis(a):
             full = ids + out
             scores = teacher_forced_scores(s.model, probe, full)
             copier = CopyDrafter(CopyConfig(kappa=probe.kappa, width=s.width, depth=D))
-            sps = DraftModel(s.draft(), SPSConfig(gamma=a.gamma, threshold=0.0, topk=1, vocab=0))
+            sps = DraftModel(s.draft(), SPSConfig(gamma=a.gamma, threshold=0.0, topk=1, vocab=0),
+                              s.model.args.vocab_size)
             sps.reset(len(full) + D)
             for i in range(len(ids), len(full) - 1):
                 ctx, truth = full[:i + 1], full[i + 1:]

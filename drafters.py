@@ -718,7 +718,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train-eagle3", help="self-distillation on the target's own completions")
     p.add_argument("--model", required=True, help="target: HF folder or demo name")
-    p.add_argument("--completions", help="data.py completions (JSON lines); with --text, optional")
+    p.add_argument("--completions", help="probe.py completions (JSON lines); with --text, optional")
     p.add_argument("--work", required=True, help="folder for the extracted features")
     p.add_argument("--out", required=True, help="head folder to write (official layout)")
     p.add_argument("--draft-vocab", type=int, default=8192)

@@ -207,7 +207,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     copier: a copy drafter (CopyDrafter, PromptLookup, CopySpec) or None.
     neural: a neural drafter (DraftModel for SPS, Eagle3 for EAGLE3), or None for plain
             autoregressive steps whenever the policy does not copy.
-    probe:  the copy-intent probe (probe.Probe); SwitchSD's gate, and per-token scores.
+    probe:  the copy-intent probe (Probe, above); SwitchSD's gate, and per-token scores.
     method: the policy (see policy): "switchsd" gates the copier with the probe, "banditspec"
             lets UCBSpec pick copy or neural at every step, the others copy whenever the
             copier finds a match ("ar", "sps" and "eagle3" have no copier).
