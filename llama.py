@@ -152,6 +152,8 @@ def rotate_half(x):
 
 
 class Attention(nn.Module):
+    exact = False  # Model.set_exact: exact_attention instead of the fused kernel
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         H, Hkv, D = args.n_heads, args.n_kv_heads, args.head_dim
@@ -174,10 +176,39 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
+        if self.exact:  # mask: (T, every slot of the cache) of 0 / -inf, from Model.forward
+            return self.o_proj(exact_attention(q, cache.k[layer], cache.v[layer], mask))
         # A leading batch dimension of 1 lets torch pick its fused CPU kernel (~4x faster).
         y = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None],
                                            attn_mask=mask, enable_gqa=self.H != self.Hkv)
         return self.o_proj(y[0].transpose(0, 1).reshape(T, self.H * self.D))  # (1, H, T, D) -> (T, dim)
+
+
+def exact_attention(q, K, V, bias):
+    """Attention whose every query row is computed as it would be alone (batch-invariant).
+
+    q: (T, H, D); K, V: (Hkv, L, D), all L slots of the preallocated cache; bias: (T, L),
+    0 where row i may attend, -inf elsewhere. A fused kernel reduces a row over the keys of
+    its own pass, in blocks that depend on T, so a token verified among others gets other
+    roundings than in a one-token step. Here every row reduces over the same L slots in the
+    same order whatever T is (masked slots add exact zeros), and both products have at least
+    EXACT_ROWS rows. A row equals its one-token step when its pass puts the tokens it sees
+    in the same slots: a chain, or the first branch of a tree (docs/performance.md).
+    """
+    T, H, D = q.shape
+    Hkv, L, _ = K.shape
+    G, M = H // Hkv, T * H // Hkv  # query heads per kv head; rows per kv head
+    pad = EXACT_ROWS.get(q.dtype, 1) - M
+    q = q.view(T, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, M, D)  # head h reads kv head h // G
+    if pad > 0:
+        q = F.pad(q, (0, 0, 0, pad))
+    s = (q @ K.transpose(1, 2))[:, :M].float() * D ** -0.5  # (Hkv, M, L)
+    s = s.view(Hkv, T, G, L) + bias[None, :, None, :]
+    p = torch.softmax(s, dim=-1).to(V.dtype).view(Hkv, M, L)
+    if pad > 0:
+        p = F.pad(p, (0, 0, 0, pad))
+    y = (p @ V)[:, :M]  # (Hkv, M, D)
+    return y.view(Hkv, T, G, D).permute(1, 0, 2, 3).reshape(T, H * D)
 
 
 class MLP(nn.Module):
@@ -211,12 +242,25 @@ class Inner(nn.Module):  # the HF "model." prefix: embeddings, blocks, final nor
 
 
 class Model(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, exact: bool = False):
         super().__init__()
         self.args = args
         self.model = Inner(args)
         self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+        self.set_exact(exact)
+
+    def set_exact(self, exact: bool) -> "Model":
+        """Batch-invariant products and attention: a token's logits are then bit for bit the
+        same whether it is computed alone or in a chain of a verification pass (a tree's first
+        branch included), so greedy speculative decoding follows autoregressive decoding
+        through near-ties that a fused kernel would flip. False: the kernels torch picks
+        (docs/performance.md: what each costs)."""
+        self.exact = exact
+        for m in self.modules():
+            if isinstance(m, (Linear, Attention)):
+                m.exact = exact
+        return self
 
     @property
     def device(self):
@@ -241,6 +285,11 @@ class Model(nn.Module):
         """
         x = self.model.embed_tokens(ids)  # (T, dim)
         cos, sin = rope(self.inv_freq, pos, x.dtype)
+        if self.exact:  # exact_attention reads every slot of the cache: slots past n + T are masked
+            T, n, L = len(ids), cache.n, cache.k.shape[2]
+            bias = torch.full((T, L), float("-inf"), device=x.device)
+            bias[:, :n + T] = 0.0 if mask is None else torch.where(mask, 0.0, float("-inf"))
+            mask = bias
         hidden = {}
         for i, block in enumerate(self.model.layers):
             if ("in", i) in capture:
@@ -281,9 +330,10 @@ class Model(nn.Module):
         return self
 
     @classmethod
-    def from_pretrained(cls, folder, dtype=None, device="cpu", int8=False) -> "Model":
+    def from_pretrained(cls, folder, dtype=None, device="cpu", int8=False, exact=None) -> "Model":
         """dtype None: default_dtype(device). int8: weight-only int8 Linears (Int8Linear), for a
-        draft model."""
+        draft model. exact: batch-invariant kernels (set_exact); None: where they cost nothing,
+        i.e. not in float32, where a one-token step padded to 16 rows costs twice as much."""
         folder = Path(folder)
         dtype = dtype or default_dtype(device)
         args = ModelArgs.from_config(read_json(folder / "config.json"), str(folder / "config.json"))
@@ -302,7 +352,8 @@ class Model(nn.Module):
         if args.tie_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_frequencies(args).to(device)
-        return (model.quantize_int8() if int8 else model).eval()
+        exact = dtype != torch.float32 if exact is None else exact
+        return (model.quantize_int8() if int8 else model).set_exact(exact).eval()
 
 
 def parent_of(root: nn.Module, name: str):
@@ -509,6 +560,13 @@ class Tokenizer:
 # waits on reading the weights (docs/performance.md); these make that read cheaper.
 # ---------------------------------------------------------------------------------------
 
+# The fewest rows a product needs for each row's result not to depend on how many rows it
+# has: one row runs a matrix-vector kernel that reduces in another order, and MKL's float32
+# GEMM changes kernels up to 16 rows; oneDNN's bf16 GEMM is row-independent from 2 rows
+# (measured with `bench.py invariance`; the tests check it on the machine they run on).
+EXACT_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
+
+
 class Linear(nn.Linear):
     """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
 
@@ -520,8 +578,13 @@ class Linear(nn.Linear):
     uses it, so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1
     one-token passes instead of 2.0-5.1 (docs/performance.md)."""
 
+    exact = False  # Model.set_exact turns it on for a model's layers
+
     def forward(self, x):  # x: (T, in)
         T = x.shape[0]
+        if self.exact:  # batch-invariant: never fewer rows than the kernel's row-independent minimum
+            pad = EXACT_ROWS.get(x.dtype, 1) - T
+            return super().forward(F.pad(x, (0, 0, 0, pad)))[:T] if pad > 0 else super().forward(x)
         if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
             O, I = self.weight.shape
             r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB

@@ -391,6 +391,7 @@ def summary(res: Result) -> dict:
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
 DTYPES = ("auto", "bfloat16", "float32")
+KERNELS = {"auto": None, "exact": True, "fast": False}  # --kernels -> llama.Model.from_pretrained(exact=)
 
 
 def dtype_of(name: str, device="cpu") -> torch.dtype:
@@ -436,7 +437,7 @@ def check_same_vocab(target_tok, draft_tok, n_target: int, where: str):
 
 def load_draft(folder, target, tok, dtype, device, quant: str):
     """An SPS draft model, refused unless it shares the target's tokenizer."""
-    draft = llama.Model.from_pretrained(folder, dtype, device, int8=quant == "int8")
+    draft = llama.Model.from_pretrained(folder, dtype, device, int8=quant == "int8", exact=False)  # only proposes
     check_same_vocab(tok, llama.Tokenizer(folder), target.args.vocab_size, str(folder))
     if draft.args.vocab_size > target.args.vocab_size:
         raise ValueError(f"{folder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
@@ -512,6 +513,10 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="auto: bfloat16 where the hardware has it, else float32 (llama.default_dtype)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kernels", default="auto", choices=KERNELS,
+                    help="exact: batch-invariant products and attention, so a token's logits do not depend "
+                    "on its verification pass; fast: torch's own; auto: exact except in float32, where "
+                    "it costs (llama.Model.set_exact)")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
     ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     ap.add_argument("--show", nargs="?", const="path", choices=["path", "probe"],
@@ -558,7 +563,8 @@ def build(a):
     """Load the target and whatever the method needs: copier, neural drafter, probe."""
     folder = resolve(a.model)
     dtype = dtype_of(a.dtype, a.device)
-    model, tok = llama.Model.from_pretrained(folder, dtype, a.device), llama.Tokenizer(folder)
+    model = llama.Model.from_pretrained(folder, dtype, a.device, exact=KERNELS[a.kernels])
+    tok = llama.Tokenizer(folder)
     probe = None
     if a.probe or a.method == "switchsd":
         path = a.probe or shipped_probe(a.model)
