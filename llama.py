@@ -176,12 +176,52 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
-        if self.exact:  # mask: (T, every slot of the cache) of 0 / -inf, from Model.forward
-            return self.o_proj(exact_attention(q, cache.k[layer], cache.v[layer], mask))
+        if self.exact:  # mask: exact_layout's (bias, moves), from Model.forward
+            bias, moves = mask
+            Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
+            y = exact_attention(q, Kc, Vc, bias)  # right for rows whose tokens sit where a chain's would
+            for path, rows, path_bias in moves:  # the other rows: their path moved to a chain's slots
+                Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = K[:, n + path], V[:, n + path]
+                y[rows] = exact_attention(q[rows], Kc, Vc, path_bias)
+            if moves:  # put the pass's own keys and values back, for KVCache.keep
+                Kc[:, n:n + T], Vc[:, n:n + T] = k.transpose(0, 1), v.transpose(0, 1)
+            return self.o_proj(y)
         # A leading batch dimension of 1 lets torch pick its fused CPU kernel (~4x faster).
         y = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None],
                                            attn_mask=mask, enable_gqa=self.H != self.Hkv)
         return self.o_proj(y[0].transpose(0, 1).reshape(T, self.H * self.D))  # (1, H, T, D) -> (T, dim)
+
+
+def exact_layout(mask, T: int, n: int, L: int, device):
+    """What exact_attention needs for a pass of T tokens after n cached ones: (bias, moves).
+
+    bias (T, L): 0 where a row may attend, -inf elsewhere, over every slot of the cache. A
+    row's reduction runs over slots, so it equals its one-token step only if the tokens it
+    sees sit where they would in a chain: slots n, n+1, ... in order. A chain's rows and a
+    tree's first branch do; every other row is recomputed with its root-to-node path moved
+    to those slots: moves lists (path, rows, bias) per deepest such path, path being the
+    path's new-token indices in order and rows the not-yet-recomputed rows on it.
+    """
+    bias = torch.full((T, L), float("-inf"), device=device)
+    bias[:, :n + T] = 0.0 if mask is None else torch.where(mask, 0.0, float("-inf"))
+    if mask is None or T == 1:
+        return bias, []
+    seen = mask[:, n:].cpu()  # (T, T): row i sees its ancestors and itself
+    depth = seen.sum(1)
+    moved = ~(seen == (torch.arange(T)[None, :] < depth[:, None])).all(1)
+    todo, moves = set(torch.nonzero(moved)[:, 0].tolist()), []
+    for i in sorted(todo, key=lambda i: -int(depth[i])):
+        if i not in todo:
+            continue
+        path = torch.nonzero(seen[i])[:, 0].tolist()
+        rows = [j for j in path if j in todo]
+        todo -= set(rows)
+        b = torch.full((len(rows), L), float("-inf"), device=device)
+        b[:, :n] = bias[rows, :n]  # the cached slots each row may see, as its mask says
+        for r, j in enumerate(rows):
+            b[r, n:n + path.index(j) + 1] = 0.0
+        moves.append((torch.tensor(path, device=device), torch.tensor(rows, device=device), b))
+    return bias, moves
 
 
 def exact_attention(q, K, V, bias):
@@ -285,11 +325,8 @@ class Model(nn.Module):
         """
         x = self.model.embed_tokens(ids)  # (T, dim)
         cos, sin = rope(self.inv_freq, pos, x.dtype)
-        if self.exact:  # exact_attention reads every slot of the cache: slots past n + T are masked
-            T, n, L = len(ids), cache.n, cache.k.shape[2]
-            bias = torch.full((T, L), float("-inf"), device=x.device)
-            bias[:, :n + T] = 0.0 if mask is None else torch.where(mask, 0.0, float("-inf"))
-            mask = bias
+        if self.exact:
+            mask = exact_layout(mask, len(ids), cache.n, cache.k.shape[2], x.device)
         hidden = {}
         for i, block in enumerate(self.model.layers):
             if ("in", i) in capture:

@@ -401,8 +401,7 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
     """Batch invariance (Model.set_exact): a token's logits are bit for bit the same whether
-    the target computes it alone, in a chain of T tokens, or on the first branch of a W x D
-    tree (whose tokens sit in the slots a chain's would)."""
+    the target computes it alone, in a chain of T tokens, or on any branch of a W x D tree."""
     model = llama.Model.from_pretrained(make_checkpoint(tmp_path / arch, arch), dtype, exact=True)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 256, (70,), generator=g).tolist()
@@ -420,8 +419,9 @@ def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
             mask, pos = llama.causal_mask(T, n)
             logits = model(torch.tensor(ids[n:n + T]), pos, mask, cache)[0]
             assert all(torch.equal(logits[i], alone[i]) for i in range(T)), (arch, dtype, T)
-        for W, D in ((2, 3), (4, 5), (3, 9)):  # the true continuation is the first branch
-            cands = [ids[n + 1:n + 1 + D]] + [torch.randint(0, 256, (D,), generator=g).tolist() for _ in range(W - 1)]
+        for W, D, b in ((2, 3, 0), (4, 5, 3), (3, 9, 1), (3, 4, 2)):  # the true continuation is branch b
+            cands = [torch.randint(0, 256, (D,), generator=g).tolist() for _ in range(W - 1)]
+            cands.insert(b, ids[n + 1:n + 1 + D])
             tree = Tree([ids[n]])
             for c in cands:
                 node = 0
@@ -430,7 +430,7 @@ def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
             cache.truncate(n)
             mask, pos = llama.tree_mask(tree.parents, n)
             logits = model(torch.tensor(tree.tokens), pos, mask, cache)[0]
-            rows = list(range(D + 1))  # the root, then the first branch
+            rows = [0] + list(range(1 + b * D, 1 + (b + 1) * D))  # the root, then branch b
             assert all(torch.equal(logits[r], alone[j]) for j, r in enumerate(rows)), (arch, dtype, W, D)
 
 
@@ -603,6 +603,7 @@ def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
     come back as the same T rows as one row at a time; other widths, and a layer whose rows
     do not split into blocks, go to F.linear as they are."""
     model = tiny[0]
+    was = model.exact
     model.set_exact(False)  # the fast kernels; exact ones pad every product instead
     q = model.model.layers[0].self_attn.q_proj
     odd = llama.Linear(q.in_features, 33)  # 33 rows: no whole blocks
@@ -618,7 +619,7 @@ def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
             assert y.shape == (T, lin.out_features) and (widths == [T]) == (lin is odd or not 3 < T < 16)
             torch.testing.assert_close(y, torch.cat([real(r[None], lin.weight, lin.bias) for r in x]),
                                        rtol=1e-5, atol=1e-5)
-    model.set_exact(True)
+    model.set_exact(was)
 
 
 def test_default_dtype_follows_the_hardware(monkeypatch, tiny):
