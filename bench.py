@@ -134,9 +134,16 @@ class Setup:
         return given(SPSConfig(), vocab=vocab, quant=quant or self.quant, **kw), given(Eagle3Config(), **kw)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
-            kappa=None, tau=None, vocab=None, quant=None):
+            kappa=None, tau=None, vocab=None, quant=None, exact=None):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"; the keywords
-        override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's)."""
+        override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's;
+        exact: the target's kernels for this run, llama.Model.set_exact)."""
+        if exact is not None and exact != self.model.exact:
+            self.model.set_exact(exact)
+            try:
+                return self.run(method, ids, max_new, gamma, width, topk, threshold, kappa, tau, vocab, quant)
+            finally:
+                self.model.set_exact(not exact)
         base, _, fam = method.partition("[")
         fam = {"SPS]": "sps", "EAGLE3]": "eagle3", "": None}[fam]
         kind = {"AR": "ar", "PLD": "pld", "CopySpec": "copyspec", "copy": "copy", "SPS": "sps",
@@ -738,16 +745,31 @@ def bench_passes(a):
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 
 
+def bench_kernels(a):
+    """What the batch-invariant kernels cost: AR and SwitchSD[SPS] with each kernel set, in one
+    interleaved run (speedups against AR with the dtype's default kernels, which runs first)."""
+    s = Setup(a.model, draft=a.draft_model, dtype=a.dtype)
+    other = not s.model.exact
+    name = "exact" if other else "fast"
+    methods = [(f"AR {name}", "AR", {"exact": other}), "SwitchSD[SPS]",
+               (f"SwitchSD[SPS] {name}", "SwitchSD[SPS]", {"exact": other})]
+    res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, repeats=a.repeats)
+    save(res, Path(a.out or "runs") / f"kernels_{Path(a.model).name}",
+         f"# Kernels: {'exact' if s.model.exact else 'fast'} (the default in {dtype_name(s.dtype)}) against {name}, "
+         f"{a.model}\n\n{machine()}, {dtype_name(s.dtype)}, greedy, {a.prompts} prompts per task, {a.tokens} new "
+         f"tokens.\nCommand: python bench.py {' '.join(sys.argv[1:])}")
+
+
 def bench_invariance(a):
     """Is a row's result independent of how many rows share its pass (issue: bit-exact
     verification)? For each distinct Linear shape of each model, the T values whose rows are
     bit-identical to the same rows computed in a pass of max(--widths) rows; then whole-model
     logits: T new tokens in one causal pass against the same tokens one at a time."""
-    lines = ["| model | dtype | Linear (out x in): widths T whose rows equal the widest pass's | "
-             "whole model: rows equal to one-token steps |", "|---|---|---|---|"]
+    lines = ["| model | dtype | kernels | Linear (out x in): widths T whose rows equal the widest pass's | "
+             "whole model: rows equal to one-token steps |", "|---|---|---|---|---|"]
     g = torch.Generator().manual_seed(0)
-    for name, dtype in [(n, d) for n in a.models for d in a.dtypes]:
-        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype))
+    for name, dtype, kernels in [(n, d, k) for n in a.models for d in a.dtypes for k in a.kernels]:
+        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), exact=kernels == "exact")
         dt = dtype_name(model.dtype)
         shapes = {}
         for mod in model.modules():
@@ -776,7 +798,7 @@ def bench_invariance(a):
                 same = sum(torch.equal(lo[i], steps[i]) for i in range(T))
                 gap = max(float((lo[i] - steps[i]).abs().max()) for i in range(T))
                 whole.append(f"T={T}: {same}/{T} (max gap {gap:.2g})")
-        lines.append(f"| {name} | {dt} | {'; '.join(cells)} | {'; '.join(whole)} |")
+        lines.append(f"| {name} | {dt} | {kernels} | {'; '.join(cells)} | {'; '.join(whole)} |")
         log(lines[-1])
         del model
     lines.append(f"\n{machine()}, context {a.context} tokens. Command: python bench.py {' '.join(sys.argv[1:])}")
@@ -885,11 +907,19 @@ def main():
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
                    help="the dtypes to time each model in (int8: of its activations)")
+    p = sub.add_parser("kernels", help="AR and SwitchSD[SPS] with exact against fast kernels")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
+    p.add_argument("--out", help="folder for the results (default runs/)")
+    common(p, 3, 128)
     p = sub.add_parser("invariance", help="do a row's logits depend on how many rows share its pass?")
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=switchsd.DTYPES)
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 9, 12, 16, 21, 41, 81])
     p.add_argument("--context", type=int, default=256)
+    p.add_argument("--kernels", nargs="+", default=["fast", "exact"], choices=["fast", "exact"],
+                   help="torch's own kernels, or the batch-invariant ones (llama.Model.set_exact)")
     a = ap.parse_args()
     global SKIP
     SKIP = getattr(a, "skip", 0)
@@ -901,7 +931,7 @@ def main():
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool,
-     "invariance": bench_invariance}[a.cmd](a)
+     "invariance": bench_invariance, "kernels": bench_kernels}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))
 

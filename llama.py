@@ -180,11 +180,12 @@ class Attention(nn.Module):
             bias, moves = mask
             Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
             y = exact_attention(q, Kc, Vc, bias)  # right for rows whose tokens sit where a chain's would
+            kn, vn = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, T, D): the pass's own, not the cache's
             for path, rows, path_bias in moves:  # the other rows: their path moved to a chain's slots
-                Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = K[:, n + path], V[:, n + path]
+                Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = kn[:, path], vn[:, path]
                 y[rows] = exact_attention(q[rows], Kc, Vc, path_bias)
             if moves:  # put the pass's own keys and values back, for KVCache.keep
-                Kc[:, n:n + T], Vc[:, n:n + T] = k.transpose(0, 1), v.transpose(0, 1)
+                Kc[:, n:n + T], Vc[:, n:n + T] = kn, vn
             return self.o_proj(y)
         # A leading batch dimension of 1 lets torch pick its fused CPU kernel (~4x faster).
         y = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None],

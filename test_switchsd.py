@@ -432,6 +432,23 @@ def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
             logits = model(torch.tensor(tree.tokens), pos, mask, cache)[0]
             rows = [0] + list(range(1 + b * D, 1 + (b + 1) * D))  # the root, then branch b
             assert all(torch.equal(logits[r], alone[j]) for j, r in enumerate(rows)), (arch, dtype, W, D)
+        # a drafter's chain with runner-up leaves at every depth: its nodes are not contiguous
+        tree, node, chain, leaves = Tree([ids[n]]), 0, [0], []
+        for j in range(1, 9):
+            extra = [int(x) for x in torch.randint(0, 256, (j % 3,), generator=g)]
+            node = tree.grow(node, ids[n + j], None, extra)
+            chain.append(node)
+            leaves += [(j, node + 1 + e, t) for e, t in enumerate(extra)]  # (depth, row, token)
+        cache.truncate(n)
+        mask, pos = llama.tree_mask(tree.parents, n)
+        logits = model(torch.tensor(tree.tokens), pos, mask, cache)[0]
+        assert all(torch.equal(logits[r], alone[j]) for j, r in enumerate(chain)), (arch, dtype, "chain")
+        for j, r, t in leaves:  # a leaf alone: the chain up to its parent, then the leaf as a one-token step
+            cache.truncate(n)
+            mask, pos = llama.causal_mask(j, n)
+            model(torch.tensor(ids[n:n + j]), pos, mask, cache, logits_at=slice(0, 0))
+            mask, pos = llama.causal_mask(1, n + j)
+            assert torch.equal(logits[r], model(torch.tensor([t]), pos, mask, cache)[0][0]), (arch, dtype, "leaf", j)
 
 
 def test_kv_compaction_equals_recomputation(tiny):
