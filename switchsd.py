@@ -10,8 +10,10 @@ The whole method is one loop (generate). Each step:
   2. the drafter proposes a Tree of candidate tokens below the current token;
   3. verify() runs the target once over the tree, accepts the longest verified path
      plus one token of the target's own, and compacts the KV cache to that path.
-Greedy output is token-identical to autoregressive decoding in float32 (a bf16 verification
-pass may part from a one-token step at a near-tie of the logits); sampling is lossless.
+Greedy output is token-identical to autoregressive decoding: with llama's exact kernels (the
+default in bf16) a token's logits do not depend on its verification pass; with torch's own (the
+float32 default) a pass may round differently at a near-tie, which every float32 run measured
+escaped. Sampling is lossless.
 
 Reading order: generate -> verify / accept -> llama.tree_mask -> drafters.CopyDrafter ->
 Probe (below), then probe.py for how the probe is trained.
