@@ -176,10 +176,14 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
-        if self.exact:  # mask: exact_layout's (bias, moves), from Model.forward
-            bias, moves = mask
+        if self.exact:  # mask: exact_layout's (bias, kept, moves), from Model.forward
+            bias, kept, moves = mask
             Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
-            y = exact_attention(q, Kc, Vc, bias)  # right for rows whose tokens sit where a chain's would
+            if kept is None:  # every row's tokens sit where a chain's would
+                y = exact_attention(q, Kc, Vc, bias)
+            else:  # those rows now, the others below (each row is computed as if alone)
+                y = q.new_empty(T, self.H * self.D)
+                y[kept] = exact_attention(q[kept], Kc, Vc, bias[kept])
             kn, vn = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, T, D): the pass's own, not the cache's
             for path, rows, path_bias in moves:  # the other rows: their path moved to a chain's slots
                 Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = kn[:, path], vn[:, path]
@@ -194,22 +198,26 @@ class Attention(nn.Module):
 
 
 def exact_layout(mask, T: int, n: int, L: int, device):
-    """What exact_attention needs for a pass of T tokens after n cached ones: (bias, moves).
+    """What exact_attention needs for a pass of T tokens after n cached ones: (bias, kept, moves).
 
     bias (T, L): 0 where a row may attend, -inf elsewhere, over every slot of the cache. A
     row's reduction runs over slots, so it equals its one-token step only if the tokens it
     sees sit where they would in a chain: slots n, n+1, ... in order. A chain's rows and a
     tree's first branch do; every other row is recomputed with its root-to-node path moved
     to those slots: moves lists (path, rows, bias) per deepest such path, path being the
-    path's new-token indices in order and rows the not-yet-recomputed rows on it.
+    path's new-token indices in order and rows the not-yet-recomputed rows on it. kept: the
+    rows computed in place (None: all of them).
     """
     bias = torch.full((T, L), float("-inf"), device=device)
     bias[:, :n + T] = 0.0 if mask is None else torch.where(mask, 0.0, float("-inf"))
     if mask is None or T == 1:
-        return bias, []
+        return bias, None, []
     seen = mask[:, n:].cpu()  # (T, T): row i sees its ancestors and itself
     depth = seen.sum(1)
     moved = ~(seen == (torch.arange(T)[None, :] < depth[:, None])).all(1)
+    if not moved.any():
+        return bias, None, []
+    kept = torch.nonzero(~moved)[:, 0].to(device)
     todo, moves = set(torch.nonzero(moved)[:, 0].tolist()), []
     for i in sorted(todo, key=lambda i: -int(depth[i])):
         if i not in todo:
@@ -222,7 +230,7 @@ def exact_layout(mask, T: int, n: int, L: int, device):
         for r, j in enumerate(rows):
             b[r, n:n + path.index(j) + 1] = 0.0
         moves.append((torch.tensor(path, device=device), torch.tensor(rows, device=device), b))
-    return bias, moves
+    return bias, kept, moves
 
 
 def exact_attention(q, K, V, bias):
@@ -293,8 +301,7 @@ class Model(nn.Module):
 
     def set_exact(self, exact: bool) -> "Model":
         """Batch-invariant products and attention: a token's logits are then bit for bit the
-        same whether it is computed alone or in a chain of a verification pass (a tree's first
-        branch included), so greedy speculative decoding follows autoregressive decoding
+        same whether it is computed alone or on any branch of a verification pass, so greedy speculative decoding follows autoregressive decoding
         through near-ties that a fused kernel would flip. False: the kernels torch picks
         (docs/performance.md: what each costs)."""
         self.exact = exact
@@ -609,8 +616,8 @@ class Linear(nn.Linear):
     """nn.Linear that can be cut to a subset of its output rows (a draft's output layer).
 
     Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
-    (W @ x.T) were faster on one host and 5-20% slower on the next (docs/performance.md), so the one kernel torch picks is the default that ages best. One case is not left
-    to it: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream
+    (W @ x.T) were faster on one host and 5-20% slower on the next (docs/performance.md), so
+    the one kernel torch picks is the default that ages best. One case is not left to it: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream
     the weights from memory once per few rows, up to five times one row's cost. Cut into blocks
     of <= 512 KB of weights, one batched product keeps each block in the core's L2 while every row
     uses it, so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1
