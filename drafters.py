@@ -191,6 +191,17 @@ class CopyDrafter:
         """Did the kappa-gram ending at the current token occur earlier in the context?"""
         return len(self._occurrences(ctx)) > 1
 
+    def match_length(self, ctx, longest: int) -> int:
+        """The longest suffix of ctx, up to `longest` tokens, that occurred earlier: at least
+        kappa where the kappa-gram recurs (else 0); data.surface_scores at the current token."""
+        best = 0
+        for e in self._occurrences(ctx)[-65:-1]:  # the most recent 64 earlier occurrences
+            n = self.kappa
+            while n < longest and e - n >= 0 and ctx[e - n] == ctx[-1 - n]:
+                n += 1
+            best = max(best, n)
+        return best
+
     def propose(self, ctx, depth: int):
         """A trie of up to W distinct continuations of length <= min(D, depth), or None."""
         cands = []

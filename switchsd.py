@@ -6,7 +6,8 @@ References:
   Miao et al. 2024, "SpecInfer" (verifying a token tree in one pass).
 
 The whole method is one loop (generate). Each step:
-  1. a policy picks a drafter: copy from the context, or the neural drafter;
+  1. the policy picks a path: copy from the context (the probe's gate), or else the neural
+     drafter, a surface lookup or a plain step, whichever this run has found fastest;
   2. the drafter proposes a Tree of candidate tokens below the current token;
   3. verify() runs the target once over the tree, accepts the longest verified path
      plus one token of the target's own, and compacts the KV cache to that path.
@@ -15,8 +16,8 @@ default in bf16) a token's logits do not depend on its verification pass; with t
 float32 default) a pass may round differently at a near-tie, which every float32 run measured
 escaped. Sampling is lossless.
 
-Reading order: generate -> verify / accept -> llama.tree_mask -> drafters.CopyDrafter ->
-Probe (below), then probe.py for how the probe is trained.
+Reading order: generate -> verify / accept -> choose / gate_open / CostSwitch -> llama.tree_mask
+-> drafters.CopyDrafter -> Probe (below), then probe.py for how the probe is trained.
 
     python switchsd.py --model DIR|NAME --method switchsd --prompt "..."
 """
@@ -39,6 +40,9 @@ from fetch import resolve
 
 
 MAX_TREE = 512  # most tokens one verification pass may carry (root + drafts)
+POLICIES = ("cost", "paper")  # switchsd when the gate does not copy: fastest path (CostSwitch), or neural
+GATES = ("probe", "kgram", "surface")  # switchsd's copy gate and its two ablations (gate_open)
+SURFACE_MIN = 8  # the "surface" gate: a recurring suffix this long (data.surface_scores' cap)
 
 
 # ---------------------------------------------------------------------------------------
@@ -111,7 +115,8 @@ def model_identity(model, name="") -> dict:
 @dataclass
 class Step:
     """One target forward: every statistic in the benchmarks is derived from these."""
-    path: str  # "ar", "copy" or "neural"; banditspec's copy arm is "copy" even when it found nothing
+    path: str  # "ar", "copy", "lookup" (CostSwitch's surface match) or "neural"; banditspec's copy
+    #            arm is "copy" even when it found nothing
     drafted: int  # candidate tokens sent to the target besides the current one
     accepted: int  # drafted tokens accepted and emitted (a stop token cuts them; the bonus comes on top)
     seconds: float
@@ -203,24 +208,28 @@ def accept(logits, tree: Tree, temperature, top_p, gen):
 
 def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=None,
              max_new_tokens=128, temperature=0.0, top_p=1.0, seed=0, stop_ids=(),
-             on_tokens=None) -> Result:
+             on_tokens=None, policy="cost", gate="probe") -> Result:
     """Decode up to max_new_tokens after prompt_ids; on_tokens(new ids) streams output.
 
     copier: a copy drafter (CopyDrafter, PromptLookup, CopySpec) or None.
     neural: a neural drafter (DraftModel for SPS, Eagle3 for EAGLE3), or None for plain
             autoregressive steps whenever the policy does not copy.
     probe:  the copy-intent probe (Probe, above); SwitchSD's gate, and per-token scores.
-    method: the policy (see policy): "switchsd" gates the copier with the probe, "banditspec"
-            lets UCBSpec pick copy or neural at every step, the others copy whenever the
-            copier finds a match ("ar", "sps" and "eagle3" have no copier).
+    method: which path drafts each step (see choose): "switchsd" copies where its gate opens
+            and otherwise asks its `policy` ("cost": CostSwitch's fastest path; "paper": the
+            neural drafter); "banditspec" lets UCBSpec pick copy or neural at every step; the
+            others copy whenever the copier finds a match ("ar", "sps" and "eagle3" have none).
+    gate:   switchsd's copy gate, "probe" as the paper, or an ablation (see gate_open).
     """
     limit = model.args.max_seq_len
     if not prompt_ids:
         raise ValueError("prompt is empty")
     if len(prompt_ids) >= limit:
         raise ValueError(f"prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
-    if method == "switchsd" and (probe is None or copier is None):
-        raise ValueError("switchsd needs a probe and a copy drafter")
+    if policy not in POLICIES or gate not in GATES:
+        raise ValueError(f"policy {policy!r}, gate {gate!r}: expected one of {POLICIES}, {GATES}")
+    if method == "switchsd" and (copier is None or gate == "probe" and probe is None):
+        raise ValueError("switchsd needs a copy drafter, and a probe for its gate")
     if method == "banditspec" and copier is None:
         raise ValueError("banditspec needs a copy drafter")
     dev = model.device
@@ -230,7 +239,9 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     for d in (copier, neural):
         if d is not None:
             d.reset(max_len)
-    bandit = UCBSpec(["copy", "neural"]) if method == "banditspec" else None
+    switch = (UCBSpec(["copy", "neural"]) if method == "banditspec" else
+              CostSwitch(["neural", "lookup", "ar"] if neural else ["lookup", "ar"])
+              if method == "switchsd" and policy == "cost" else None)
     capture = ((probe.capture,) if probe else ()) + (neural.capture if neural else ())
     res = Result(prompt_ids=list(prompt_ids))
     ctx = list(prompt_ids)  # ctx[-1] is the current token: sampled, not yet run by the target
@@ -256,16 +267,21 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
                 break
             ts = time.perf_counter()
             depth = budget - 1  # drafts at most this deep, so that accepted + bonus fit the budget
-            # 1. The policy: copy this step, or draft with the neural drafter? (Nothing to
-            #    choose when there is no room to draft.)
-            use_copy, arm = policy(method, ctx, score, copier, probe, bandit) if depth > 0 else (False, None)
-            # 2. Draft. The bandit's copy arm may find nothing: then the step is an AR step,
-            #    on the copy arm's account.
-            tree = copier.propose(ctx, depth) if use_copy else None
-            kind = "copy" if tree is not None or arm == "copy" else "neural" if neural else "ar"
+            # 1. The policy: which path drafts this step? (Nothing to choose when there is no
+            #    room to draft.)
+            arm = choose(method, ctx, depth, score, copier, probe, switch, gate) if depth > 0 else None
+            kind = arm or "ar"
+            # 2. Draft. A copier that finds nothing hands the step to the neural drafter, except
+            #    the bandit's copy arm: its empty draft is an AR step on the copy arm's account.
+            tree = copier.propose(ctx, depth) if kind == "copy" else switch.found if kind == "lookup" else None
+            if kind == "copy" and tree is None and method != "banditspec":
+                kind = "neural"
+            if kind == "neural" and neural is None:
+                kind = "ar"
+            if kind == "neural":
+                tree = neural.propose(ctx, depth, temperature, top_p, gen)
             if tree is None:
-                tree = neural.propose(ctx, depth, temperature, top_p, gen) if kind == "neural" and depth > 0 \
-                    else Tree([ctx[-1]])
+                tree = Tree([ctx[-1]])
             # 3. Verify the whole tree in one target pass and accept the longest agreed path.
             path, bonus, hidden = verify(model, cache, tree, temperature, top_p, gen, capture)
             if neural:
@@ -280,8 +296,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             end = next((i + 1 for i, t in enumerate(new) if t in stop_ids), None)
             new = new[:end]
             res.steps.append(Step(kind, len(tree) - 1, min(len(path), len(new)), time.perf_counter() - ts))
-            if arm:
-                bandit.update(arm, len(new), res.steps[-1].seconds)
+            if switch and arm in switch.arms:  # (CostSwitch does not choose the gate's copies)
+                switch.update(arm, len(new), res.steps[-1].seconds)
             ctx += new
             res.output_ids += new
             if on_tokens:
@@ -296,22 +312,86 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     return res
 
 
-def policy(method, ctx, score, copier, probe, bandit):
-    """Copy this step? Returns (copy or not, the bandit's arm when a bandit chose).
+def choose(method, ctx, depth, score, copier, probe, switch, gate="probe") -> str:
+    """The path that drafts this step: "copy", "lookup", "neural" or "ar".
 
-    SwitchSD's gate (the paper's decision rule): copy iff the probe reads copy intent in the
-    last hidden state, score >= tau, AND the kappa-gram ending at the current token occurred
-    before. BanditSpec, the baseline the SwitchSD paper ran: UCBSpec picks copy or neural at
-    every step without looking at the context, and the copy arm drafts whatever a surface
-    match finds (here PLD's n-gram lookup), possibly nothing. PLD, CopySpec and unguarded copy
-    try whenever they find a match.
+    SwitchSD: copy where the gate opens (gate_open, the paper's rule); elsewhere the paper
+    always drafts with the neural drafter (policy "paper", switch None), and CostSwitch picks
+    the path this run has found fastest (policy "cost"). BanditSpec, the baseline the SwitchSD
+    paper ran: UCBSpec picks copy or neural at every step without looking at the context, and
+    the copy arm drafts whatever a surface match finds (here PLD's n-gram lookup), possibly
+    nothing. PLD, CopySpec and unguarded copy try whenever they find a match.
     """
     if method == "switchsd":
-        return score >= probe.tau and copier.matches(ctx), None
+        if gate_open(gate, ctx, score, copier, probe):
+            return "copy"
+        return switch.pick(ctx, depth) if switch else "neural"
     if method == "banditspec":
-        arm = bandit.pick()
-        return arm == "copy", arm
-    return copier is not None, None
+        return switch.pick()
+    return "copy" if copier is not None else "neural"
+
+
+def gate_open(gate, ctx, score, copier, probe) -> bool:
+    """SwitchSD's gate, the paper's decision rule: copy iff the probe reads copy intent in the
+    last hidden state, score >= tau, AND the kappa-gram ending at the current token occurred
+    before. Two ablations measure what the probe adds (docs/results.md): "kgram" drops it,
+    "surface" puts the string's own evidence in its place, a recurring suffix of SURFACE_MIN
+    tokens (the surface score probe.py ranks the label with, data.surface_scores)."""
+    if not copier.matches(ctx):
+        return False
+    if gate == "probe":
+        return score >= probe.tau
+    if gate == "surface":
+        return copier.match_length(ctx, SURFACE_MIN) >= SURFACE_MIN
+    return True
+
+
+class CostSwitch:
+    """SwitchSD's choice where the gate does not copy: the path with the most tokens per second
+    so far, measured on this run's own steps (policy "cost").
+
+    The paper's switch drafts with the neural drafter whenever it does not copy, which assumes
+    a draft that is nearly free beside the target's pass, as on a GPU. On a CPU a step of the
+    0.5B SPS draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md):
+    a neural step pays only where its drafts are accepted, and on summaries a lookup often
+    beats it. The paths:
+        neural  the neural drafter (when the run has one);
+        lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
+        ar      a plain target step.
+    Each path's rate is tokens emitted / seconds spent, both summed over its steps with the
+    older ones decayed by `decay` per play, so the estimate follows the text. Every offered path
+    is played `warmup` times first, and a path left unplayed for `stale` picks once more. The
+    choice never changes what is emitted: every draft is verified as before.
+    """
+    decay, warmup, stale = 0.8, 2, 32
+
+    def __init__(self, arms):
+        self.arms = list(arms)
+        self.lookup, self.found = PromptLookup(), None  # found: this pick's lookup draft
+        self.tokens = {a: 0.0 for a in self.arms}
+        self.seconds = {a: 0.0 for a in self.arms}
+        self.plays = {a: 0 for a in self.arms}
+        self.last = {a: 0 for a in self.arms}  # the pick at which each path last played
+        self.t = 0
+
+    def rate(self, arm: str) -> float:
+        return self.tokens[arm] / max(self.seconds[arm], 1e-9)
+
+    def pick(self, ctx, depth) -> str:
+        self.t += 1
+        self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
+        offered = [a for a in self.arms if a != "lookup" or self.found is not None]
+        for a in offered:
+            if self.plays[a] < self.warmup or self.t - self.last[a] > self.stale:
+                return a
+        return max(offered, key=self.rate)
+
+    def update(self, arm: str, tokens: int, seconds: float):
+        """A step of `arm` emitted `tokens` in `seconds`."""
+        self.tokens[arm] = self.decay * self.tokens[arm] + tokens
+        self.seconds[arm] = self.decay * self.seconds[arm] + seconds
+        self.plays[arm] += 1
+        self.last[arm] = self.t
 
 
 class UCBSpec:
@@ -381,6 +461,7 @@ def summary(res: Result) -> dict:
         "copy_accepted_mean": round(sum(copy) / len(copy), 4) if copy else 0.0,
         "copy_steps": len(copy),
         "neural_steps": sum(s.path == "neural" for s in steps),
+        "lookup_steps": sum(s.path == "lookup" for s in steps),  # switchsd's CostSwitch
         "copy_rate": round(len(copy) / len(steps), 4) if steps else 0.0,  # activation rate
         "accepted_by_path": {p: round(sum(a) / len(a), 4) for p, a in by_path.items()},
         **({"probe_scores": res.probe_scores} if res.probe_scores is not None else {}),
@@ -457,7 +538,7 @@ def shipped_probe(model_name: str) -> Path:
 # ---------------------------------------------------------------------------------------
 
 def provenance(res: Result) -> list[str]:
-    """How each output token was produced: "copy", "neural" (drafted, then verified) or
+    """How each output token was produced: "copy", "lookup", "neural" (drafted, then verified) or
     "target" (the target's own token: every step's bonus token)."""
     kinds = []
     for s in res.steps:
@@ -467,7 +548,7 @@ def provenance(res: Result) -> list[str]:
 
 def show(tok, res: Result, mode: str) -> str:
     """The output with ANSI background colours: by provenance, or shaded by probe score."""
-    colour = {"copy": "\x1b[30;43m", "neural": "\x1b[30;46m", "target": ""}
+    colour = {"copy": "\x1b[30;43m", "lookup": "\x1b[30;42m", "neural": "\x1b[30;46m", "target": ""}
     kinds, pieces = provenance(res), []
     for i, piece in enumerate(tok.pieces(res.output_ids)):
         if mode == "path":
@@ -476,7 +557,7 @@ def show(tok, res: Result, mode: str) -> str:
             s = res.probe_scores[i]
             c = "" if s is None else f"\x1b[30;48;2;255;{int(255 - 200 * s)};{int(255 - 255 * s)}m"
         pieces.append(c + piece + ("\x1b[0m" if c else ""))
-    legend = ("\n\n[\x1b[30;43mcopied\x1b[0m \x1b[30;46mneural draft\x1b[0m target's own]"
+    legend = ("\n\n[\x1b[30;43mcopied\x1b[0m \x1b[30;42mlooked up\x1b[0m \x1b[30;46mneural draft\x1b[0m target's own]"
               if mode == "path" else "\n\n[background: probe score, white 0 -> red 1]")
     return "".join(pieces) + legend
 
@@ -508,6 +589,12 @@ def parse_args(argv=None):
                     f"verified as leaves beside the chain (1 = a plain chain; default: {S.topk} for SPS, "
                     f"{E.topk} for EAGLE-3)")
     ap.add_argument("--probe", help="probe file (default for switchsd: probes/<demo model>.safetensors)")
+    ap.add_argument("--policy", default="cost", choices=POLICIES,
+                    help="switchsd where its gate does not copy: cost = the fastest of neural draft, surface "
+                    "lookup and plain step, timed on this run (CostSwitch); paper = always the neural drafter")
+    ap.add_argument("--gate", default="probe", choices=GATES,
+                    help="switchsd's copy gate: probe AND kappa-gram (the paper); kgram = the kappa-gram alone; "
+                    f"surface = a recurring suffix of {SURFACE_MIN} tokens (ablations)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -568,7 +655,7 @@ def build(a):
     model = llama.Model.from_pretrained(folder, dtype, a.device, exact=KERNELS[a.kernels])
     tok = llama.Tokenizer(folder)
     probe = None
-    if a.probe or a.method == "switchsd":
+    if a.probe or a.method == "switchsd" and a.gate == "probe":
         path = a.probe or shipped_probe(a.model)
         if not a.probe and not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no shipped probe for this model; pass --probe FILE "
@@ -609,7 +696,7 @@ def main(argv=None):
     def run(method, copier, neural, probe, n=a.max_new_tokens, on_tokens=None):
         return generate(model, prompt_ids, method, copier, neural, probe, max_new_tokens=n,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, stop_ids=tok.eos_ids,
-                        on_tokens=on_tokens)
+                        on_tokens=on_tokens, policy=a.policy, gate=a.gate)
 
     if a.compare:  # warm up, so that neither timed run pays for torch's first calls
         run(a.method, copier, neural, probe, n=8)

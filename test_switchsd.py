@@ -1037,7 +1037,7 @@ def test_lazy_propagation_matches_a_rebuilt_drafter(neural_setup):
         for name, make in neural_drafters(neural_setup):
             d = make()
             res = switchsd.generate(target, prompt, "copy", RandomCopier(seed), d, max_new_tokens=30)
-            kinds = {s.path for s in res.steps}
+            kinds = {s.path for s in res.steps[:-1]}  # the last step has no room to draft: "ar"
             assert kinds == {"copy", "neural"}, kinds
             ctx = prompt + res.output_ids
             g = torch.Generator().manual_seed(0)
@@ -1156,7 +1156,8 @@ def test_gate_truth_table(copier_model):
     # a probe firing on chosen tokens: copy steps start exactly after those tokens
     chosen = {3, 7, 11, 19, 23}
     probe = planted_probe(m, chosen)
-    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 8)), probe=probe, max_new_tokens=40)
+    res = switchsd.generate(m, prompt, "switchsd", CopyDrafter(CopyConfig(2, 2, 8)), probe=probe, max_new_tokens=40,
+                            policy="paper")  # the paper's switch: no neural drafter -> AR steps
     ctx = list(prompt)
     for s in res.steps:
         fired = ctx[-2] in chosen  # the score comes from the last token the target ran
@@ -1166,18 +1167,58 @@ def test_gate_truth_table(copier_model):
 
 
 def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
+    """Every switch: banditspec, and switchsd with each policy and gate."""
     target = neural_setup[0]
-    copied = 0
+    copied, paths = 0, set()
+    runs = [("banditspec", {})] + [("switchsd", dict(policy=p, gate=g)) for p in switchsd.POLICIES for g in switchsd.GATES]
     for prompt in repetitive_prompts(3, seed=13):
         ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
         for _, make in [("ar", lambda: None)] + neural_drafters(neural_setup):
-            for method in ("switchsd", "banditspec"):
+            for method, kw in runs:
                 probe = planted_probe(target, range(0, 32, 2))
                 copier, _ = switchsd.make_drafters(method, target, copy=CopyConfig(3, 3, 10))  # banditspec: PLD
-                res = switchsd.generate(target, prompt, method, copier, make(), probe, max_new_tokens=40)
-                assert res.output_ids == ref, method
+                res = switchsd.generate(target, prompt, method, copier, make(), probe, max_new_tokens=40, **kw)
+                assert res.output_ids == ref, (method, kw)
                 copied += sum(s.accepted for s in res.steps if s.path == "copy")
-    assert copied > 50
+                paths |= {s.path for s in res.steps}
+    assert copied > 50 and paths == {"ar", "copy", "lookup", "neural"}
+
+
+def test_gates_and_their_ablations():
+    """probe: score >= tau AND the kappa-gram recurs; kgram: the kappa-gram alone; surface: a
+    recurring suffix of SURFACE_MIN tokens, the same length data.surface_scores gives."""
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 5, 6, 7, 8, 9, 10]  # a 6-token repeat
+    copier = CopyDrafter(CopyConfig(kappa=3))
+    probe = switchsd.Probe(torch.zeros(4), 0, "attn", 0.5, 3)
+    assert copier.match_length(ctx, 8) == 6 == data.surface_scores(ctx, len(ctx) - 1, 8)[-1]
+    assert copier.match_length(ctx, 5) == 5
+    gate = lambda g, c, score=0.0: switchsd.gate_open(g, c, score, copier, probe)
+    assert gate("probe", ctx, 0.5) and not gate("probe", ctx, 0.49) and gate("kgram", ctx)
+    assert not gate("surface", ctx)  # 6 < SURFACE_MIN
+    longer = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 3, 4, 5, 6, 7, 8, 9, 10]  # an 8-token repeat
+    assert gate("surface", longer) and copier.match_length(longer, 20) == 8
+    unmatched = ctx + [11]
+    assert not any(gate(g, unmatched, 1.0) for g in switchsd.GATES)
+
+
+def test_cost_switch_plays_the_fastest_path():
+    """CostSwitch: each offered path twice, then the best tokens/s; lookup only where PLD finds a
+    match; a path left alone for `stale` picks is tried again."""
+    sw = switchsd.CostSwitch(["neural", "lookup", "ar"])
+    ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
+    speed = {"neural": 3.0, "lookup": 5.0, "ar": 1.0}  # tokens per second
+    picks = []
+    for t in range(80):
+        arm = sw.pick(ctx if t < 40 else novel, 10)
+        assert (sw.found is not None) == (t < 40) and (arm != "lookup" or t < 40)
+        picks.append(arm)
+        sw.update(arm, speed[arm], 1.0)
+    assert picks[:6] == ["neural", "neural", "lookup", "lookup", "ar", "ar"]
+    assert set(picks[6:40]) <= {"lookup", "neural", "ar"} and picks[6:40].count("lookup") >= 30
+    assert picks[40:].count("neural") >= 36  # no lookup offered: neural beats ar
+    assert "ar" in picks[6:]  # revisited once stale
+    sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
+    assert sw.pick(novel, 10) == "ar"
 
 
 @pytest.mark.slow
@@ -1343,10 +1384,14 @@ def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert len(out["probe_scores"]) == len(out["output_ids"]) and out["probe_scores"][-1] is None
-        assert out["copy_steps"] + out["neural_steps"] + out["accept_hist"][0] >= out["target_forwards"] - 1
-        assert set(out["accepted_by_path"]) <= {"copy", "neural", "ar"}
+        assert (out["copy_steps"] + out["neural_steps"] + out["lookup_steps"] + out["accept_hist"][0]
+                >= out["target_forwards"] - 1)
+        assert set(out["accepted_by_path"]) <= {"copy", "lookup", "neural", "ar"}
         outs.append(out["output_ids"])
-    assert outs[0] == outs[1] == outs[2] == outs[3]  # greedy: every drafter gives the AR output
+    r = run_cli(*base, "--draft-model", str(draft), "--policy", "paper", "--gate", "kgram")
+    assert r.returncode == 0 and "lookup" not in json.loads(r.stdout)["accepted_by_path"], r.stderr
+    outs.append(json.loads(r.stdout)["output_ids"])
+    assert outs[0] == outs[1] == outs[2] == outs[3] == outs[4]  # greedy: every drafter gives the AR output
     r = run_cli(*[x for x in base if x != "--json"], "--show", "path")
     assert r.returncode == 0 and "\x1b[30;43m" in r.stdout  # copied tokens, coloured
 
