@@ -31,14 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import data
 import figures
 import llama
 import switchsd
-from drafters import (QUANTS, CopyConfig, CopyDrafter, DraftModel, Eagle3, Eagle3Config, Eagle3Head, SPSConfig,
-                      acceptance_length, common_prefix)
+from drafters import (QUANTS, CopyConfig, CopyDrafter, DraftModel, Eagle3, Eagle3Config, Eagle3Head, PromptLookup,
+                      SPSConfig, Tree, acceptance_length, common_prefix)
 from fetch import resolve
 from probe import teacher_forced_scores
 from switchsd import Probe, given
@@ -46,6 +47,10 @@ from switchsd import Probe, given
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent / "shared" / "data"
 TASKS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM"}
+# Spec-Bench's other categories (../shared/data/spec_bench_dev.jsonl); multi-turn: MT-bench's two-turn questions
+SPEC_BENCH = {"translation": "translation", "qa": "QA", "math_reasoning": "math reasoning", "multiturn": "multi-turn"}
+NAMES = {**TASKS, **SPEC_BENCH}
+MULTITURN_ANSWER = 128  # new tokens of the target's own answer to a first turn
 
 
 # ---------------------------------------------------------------------------------------
@@ -69,9 +74,15 @@ def task_prompts(task: str, n: int) -> list[str]:
             rows = [json.loads(line) for line in f if line.strip()][SKIP:SKIP + n]
         return [f"Complete the following Python function. Return the whole function.\n\n"
                 f"```python\n{r['prompt']}```" for r in rows]
+    if task in SPEC_BENCH:  # a list of user turns for "multiturn", else the one question
+        with open(path or SHARED / "spec_bench_dev.jsonl") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows = [r for r in rows if (r["category"] not in SPEC_BENCH) == (task == "multiturn") and
+                (task == "multiturn" or r["category"] == task)][SKIP:SKIP + n]
+        return [r["turns"] if task == "multiturn" else r["turns"][0] for r in rows]
     files = {"math500": "math500_dev.jsonl", "cnndm": "cnndm_dev.jsonl"}
     if task not in files:
-        raise ValueError(f"unknown task {task!r} ({', '.join(TASKS)})")
+        raise ValueError(f"unknown task {task!r} ({', '.join(NAMES)})")
     with open(path or SHARED / files[task]) as f:
         rows = [json.loads(line) for line in f if line.strip()][SKIP:SKIP + n]
     if task == "math500":
@@ -134,14 +145,16 @@ class Setup:
         return given(SPSConfig(), vocab=vocab, quant=quant or self.quant, **kw), given(Eagle3Config(), **kw)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
-            kappa=None, tau=None, vocab=None, quant=None, exact=None):
+            kappa=None, tau=None, vocab=None, quant=None, exact=None, policy="cost", gate="probe"):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"; the keywords
         override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's;
-        exact: the target's kernels for this run, llama.Model.set_exact)."""
+        exact: the target's kernels for this run, llama.Model.set_exact; policy and gate:
+        switchsd.generate's)."""
         if exact is not None and exact != self.model.exact:
             self.model.set_exact(exact)
             try:
-                return self.run(method, ids, max_new, gamma, width, topk, threshold, kappa, tau, vocab, quant)
+                return self.run(method, ids, max_new, gamma, width, topk, threshold, kappa, tau, vocab, quant,
+                                policy=policy, gate=gate)
             finally:
                 self.model.set_exact(not exact)
         base, _, fam = method.partition("[")
@@ -156,7 +169,25 @@ class Setup:
             draft=self.draft(sps.quant) if fam == "sps" else None)
         probe = self.probe if tau is None else dataclasses.replace(self.probe, tau=tau)
         return switchsd.generate(self.model, ids, kind, copier, neural, probe if kind == "switchsd" else None,
-                                 max_new_tokens=max_new, stop_ids=self.tok.eos_ids)
+                                 max_new_tokens=max_new, stop_ids=self.tok.eos_ids, policy=policy, gate=gate)
+
+    def prompt_ids(self, prompt) -> list[int]:
+        """A task's prompt as ids: one user turn (str), or a conversation (a list of user turns)
+        whose earlier answers are the target's own, greedy, MULTITURN_ANSWER tokens at most."""
+        if isinstance(prompt, str):
+            return self.tok.prompt_ids(prompt)
+        history = []
+        for turn in prompt[:-1]:
+            ids = self.tok.encode(self.tok.chat(turn, history=history), special=False)
+            answer = [t for t in self.run("AR", ids, MULTITURN_ANSWER).output_ids if t not in self.tok.eos_ids]
+            history.append((turn, self.tok.decode(answer)))
+        return self.tok.encode(self.tok.chat(prompt[-1], history=history), special=False)
+
+    def neural(self, fam):
+        """A fresh neural drafter of a family ("SPS", "EAGLE3"; None: none) with the Setup's options."""
+        sps, eagle = self.configs()
+        return (DraftModel(self.draft(sps.quant), sps, self.model.args.vocab_size) if fam == "SPS" else
+                Eagle3(self.head, self.model, eagle) if fam == "EAGLE3" else None)
 
 
 class FirstEmission:
@@ -287,13 +318,102 @@ def pool(runs: list[dict]) -> dict:
     return out
 
 
-def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
+# ---------------------------------------------------------------------------------------
+# The oracle switch: the ceiling of any policy over these drafters
+# ---------------------------------------------------------------------------------------
+
+ORACLE_SIZES = (1, 2, 3, 4, 5, 6, 8, 11, 16, 21, 32, 48, 64, 81)  # tree sizes whose passes are timed
+
+
+def pass_seconds(model, full, at: int, sizes=ORACLE_SIZES, repeats=3):
+    """Seconds of one verification step (switchsd.verify: the target's pass, acceptance, cache
+    compaction) by tree size, at context length `at`: the fastest of `repeats` for each size,
+    linear in between."""
+    cache = model.new_cache(at + max(sizes) + 1)
+    with torch.inference_mode():
+        mask, pos = llama.causal_mask(at, 0, model.device)
+        model(torch.tensor(full[:at], device=model.device), pos, mask, cache, logits_at=slice(0, 0))
+        timed = []
+        for T in sizes:
+            best = math.inf
+            for _ in range(repeats):
+                cache.truncate(at)
+                t = time.perf_counter()
+                switchsd.verify(model, cache, Tree.chain(full[at], [1] * (T - 1)), 0.0, 1.0, None)
+                best = min(best, time.perf_counter() - t)
+            timed.append(best)
+    return lambda T: float(np.interp(T, sizes, timed))
+
+
+def oracle(setup, ids, out, prefill: float, fam) -> dict:
+    """What a perfect switch over these drafters would have done on this prompt (issue 36).
+
+    Greedy decoding is deterministic: whatever the drafts, the output is `out` (AR's), so at
+    every state k (out[:k] emitted) each path's accepted length is its draft's agreement with
+    out[k:], found without a target pass. Its cost is measured on that same state: the draft's
+    own seconds (timed here) plus the verification step of its tree's size (pass_seconds).
+    The paths: the copy retriever wherever its kappa-gram recurs (gate or not), PLD's lookup,
+    the neural drafter of family `fam`, a plain step. The best schedule (dynamic programming
+    over k) is the ceiling of any switching policy; "per step" picks the most tokens per second
+    at each step, as a greedy switch would. prefill: the fastest of the prompt's runs, the same
+    work for every method."""
+    model, n = setup.model, len(out)
+    full, L = ids + out, len(ids)
+    copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
+    cost = pass_seconds(model, full, L + n // 2)
+    capture = neural.capture if neural else ()
+    with torch.inference_mode():
+        feats = model.forward_sequence(full, capture, logits_at=slice(0, 0))[1] if capture else {}
+    if neural:
+        neural.reset(len(full) + CopyConfig.depth)
+    fed = 0  # target positions whose features the neural drafter has been given
+    options = []  # per state k: [(path, accepted, seconds)]
+    for k in range(n):
+        ctx, truth, depth = full[:L + k], out[k:], n - k - 1
+        here = [("ar", 0, cost(1))]
+        if depth > 0:
+            for path, drafter in (("copy", copier), ("lookup", lookup), ("neural", neural)):
+                if drafter is None or path == "copy" and not copier.matches(ctx):
+                    continue
+                t = time.perf_counter()
+                if path == "neural":
+                    neural.observe({c: feats[c][fed:len(ctx) - 1] for c in capture})
+                    fed = len(ctx) - 1
+                    with torch.inference_mode():
+                        tree = neural.propose(ctx, depth, 0.0, 1.0, None)
+                else:
+                    tree = drafter.propose(ctx, depth)
+                if tree is not None:
+                    acc = max(common_prefix(p, truth) for p in tree.paths())
+                    here.append((path, min(acc, depth), time.perf_counter() - t + cost(len(tree))))
+        options.append(here)
+    best = [0.0] * (n + 1)  # best[k]: the least seconds from state k to the end
+    for k in range(n - 1, -1, -1):
+        best[k] = min(c + best[min(n, k + a + 1)] for _, a, c in options[k])
+    rows = {}
+    for name, pick in (("oracle", lambda k: min(options[k], key=lambda o: o[2] + best[min(n, k + o[1] + 1)])),
+                       ("oracle, per step", lambda k: max(options[k], key=lambda o: (o[1] + 1) / o[2]))):
+        k, seconds, steps = 0, prefill, []
+        while k < n:
+            path, a, c = pick(k)
+            steps.append((path, a))
+            seconds, k = seconds + c, k + a + 1
+        copy = [a for p, a in steps if p == "copy"]
+        rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),
+                      "copy_steps": len(copy), "copy_accepted": sum(copy), "copy_zero": copy.count(0),
+                      "paths": {p: sum(q == p for q, _ in steps) for p in ("copy", "lookup", "neural", "ar")}}
+    return rows
+
+
+def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_of=None) -> dict:
     """Run every method on every prompt, interleaved, AR first (the reference). A method is
     a table name ("SwitchSD[SPS]") or (label, name, kwargs of Setup.run) for sweeps.
     hf: {"HF-...": callable(ids) -> hf_generate's triple} baselines from transformers.
     repeats: run the whole interleaved round this many times per prompt and keep each method's
     fastest run. Load from other tenants only ever adds time (one CNN/DM prompt's AR took
-    14.7-20.6 s in four rounds), so the minimum is the least disturbed measurement."""
+    14.7-20.6 s in four rounds), so the minimum is the least disturbed measurement.
+    oracle_of: add the oracle switch's rows (oracle()) over this neural family ("SPS", "EAGLE3",
+    or "" for none), once per prompt after its rounds."""
     methods = [(m, m, {}) if isinstance(m, str) else m for m in ["AR", *methods]]
     runs = [(m, lambda ids, name=name, kw=kw: setup.run(name, ids, max_new, **kw)) for m, name, kw in methods]
     runs += list((hf or {}).items())
@@ -301,11 +421,14 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
     for task in tasks:
         per = {m: [] for m, _ in runs}
         for pi, text in enumerate(task_prompts(task, n)):
-            ids = setup.tok.prompt_ids(text)
-            ref, best, dec, rounds = None, {}, {}, {m: [] for m, _ in runs}
+            ids = setup.prompt_ids(text)
+            ref, best, dec, rounds, prefill = None, {}, {}, {m: [] for m, _ in runs}, math.inf
             for rep in range(repeats):
                 for m, fn in runs:
-                    out, r = row_of(fn(ids))
+                    res = fn(ids)
+                    out, r = row_of(res)
+                    if isinstance(res, switchsd.Result):  # the least disturbed prefill, for the oracle
+                        prefill = min(prefill, res.prefill_seconds)
                     if ref is None:  # AR runs first: every output is checked against its first round
                         ref = out
                     r["agree"] = agreement(setup, ids, ref, out)
@@ -319,6 +442,11 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1) -> dict:
                         if r["forwards"] else ""
                     log(f"{task} #{pi}{f' round {rep + 1}' if repeats > 1 else ''} {m}: {r['tps']:.2f} tok/s"
                         f" ({r['tps'] / best['AR']['tps']:.2f}x){steps}")
+            if oracle_of is not None:
+                for m, r in oracle(setup, ids, ref, prefill, oracle_of).items():
+                    log(f"{task} #{pi} {m}: {r['tps']:.2f} tok/s ({r['tps'] / best['AR']['tps']:.2f}x), {r['paths']}")
+                    best[m], rounds[m], dec[m], r["agree"] = r, [round(r["tps"], 3)], None, "same"
+                    per.setdefault(m, [])
             for m, r in best.items():
                 r["speedup"], r["rounds"] = r["tps"] / best["AR"]["tps"], rounds[m]
                 r["decode_speedup"] = dec[m] / dec["AR"] if dec[m] and dec["AR"] else None
@@ -335,7 +463,7 @@ def table(results: dict, cols=("tps", "speedup", "decode_speedup", "mean_accepte
              "agreement": "= AR or near-tie"}
     lines = []
     for task, rows in results.items():
-        lines += [f"\n**{TASKS.get(task, task)}**\n", "| method | " + " | ".join(names[c] for c in cols) + " |",
+        lines += [f"\n**{NAMES.get(task, task)}**\n", "| method | " + " | ".join(names[c] for c in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
         for m, r in rows.items():
             cells = []
@@ -505,7 +633,7 @@ def bench_heads(a):
     (teacher-forced on these outputs) and the tokens per forward of live chain drafting.
     Offline and live agree for a correct drafter; both low means a head out of its domain."""
     s = Setup(a.model, dtype=a.dtype)
-    prompts = [(t, s.tok.prompt_ids(p)) for t in a.tasks for p in task_prompts(t, a.prompts)]
+    prompts = [(t, s.prompt_ids(p)) for t in a.tasks for p in task_prompts(t, a.prompts)]
     ar = [switchsd.generate(s.model, ids, max_new_tokens=a.tokens, stop_ids=s.tok.eos_ids).output_ids
           for _, ids in prompts]
     lines = ["| head | task | draft-vocab coverage | acceptance (teacher-forced) | tok/fwd (live, top-k 1) |",
@@ -540,7 +668,9 @@ def bench_heads(a):
     write_md(Path(a.out or "runs") / f"heads_{Path(a.model).name}.md", md)
 
 
-def table1_methods(draft, eagle, probe) -> list:
+def table1_methods(draft, eagle, probe, ablations=False) -> list:
+    """Table 1's rows: the baselines, then SwitchSD; with ablations, SwitchSD with the paper's
+    binary switch (policy paper) and with its gate's probe dropped or replaced (gate kgram, surface)."""
     fams = (["SPS"] if draft else []) + (["EAGLE3"] if eagle else [])
     ms = ["PLD", f"CopySpec[{fams[0]}]" if fams else "CopySpec", "copy"] + fams
     if draft:  # SPS alone drafts best with a longer lookahead (docs/results.md)
@@ -549,6 +679,11 @@ def table1_methods(draft, eagle, probe) -> list:
     ms += [f"SwitchSD[{f}]" for f in fams or [""]] if probe else []
     if draft and probe:  # the same lookahead as the SPS baseline's best, so gamma is not the difference
         ms.append(("SwitchSD[SPS] gamma=8", "SwitchSD[SPS]", {"gamma": 8}))
+    for f in (fams or [""]) if ablations and probe else []:
+        name = f"SwitchSD[{f}]".replace("[]", "")
+        ms += [(f"{name} paper switch", name, {"policy": "paper"}),
+               (f"{name} kappa-gram gate", name, {"gate": "kgram"}),
+               (f"{name} surface gate", name, {"gate": "surface"})]
     return [m.replace("[]", "") if isinstance(m, str) else m for m in ms]
 
 
@@ -563,7 +698,9 @@ def bench_table1(a):
     for model, draft, eagle in configs:
         s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, gamma=a.gamma, topk=a.topk, dtype=a.dtype,
                   quant=a.draft_quant, threshold=a.draft_threshold)
-        methods = table1_methods(draft, eagle, s.probe)
+        methods = table1_methods(draft, eagle, s.probe, a.ablations)
+        if a.methods:  # a subset of the rows, by label
+            methods = [m for m in methods if (m if isinstance(m, str) else m[0]) in a.methods]
         hf = {}
         if a.hf:
             m = hf_model(model, s.dtype)
@@ -571,7 +708,9 @@ def bench_table1(a):
             if draft:
                 d = hf_model(draft, s.dtype)
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
-        res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats)
+        fam = "SPS" if draft else "EAGLE3" if eagle else ""  # SwitchSD's own neural drafter
+        res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats,
+                           oracle_of=fam if a.oracle and s.probe else None)
         name = Path(model).name
         opts = lambda c: f"gamma {c.gamma}, early stop q < {c.threshold}, top-k {c.topk}"
         sps, eagle3 = s.configs()
@@ -586,7 +725,7 @@ def bench_table1(a):
                 f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
-        figures.bar_chart(f"{out}.svg", [TASKS[t] for t in a.tasks],
+        figures.bar_chart(f"{out}.svg", [NAMES[t] for t in a.tasks],
                           {m: [res[t][m]["speedup"] for t in a.tasks] for m in res[a.tasks[0]]},
                           f"Speedup over autoregressive decoding, {name} (median over prompts)",
                           "speedup (x)", hline=1.0)
@@ -612,7 +751,7 @@ def bench_analysis(a):
     probe, D, rows = s.probe, CopyConfig.depth, []
     for task in a.tasks:
         for text in task_prompts(task, a.prompts):
-            ids = s.tok.prompt_ids(text)
+            ids = s.prompt_ids(text)
             out = s.run("AR", ids, a.tokens).output_ids
             full = ids + out
             scores = teacher_forced_scores(s.model, probe, full)
@@ -810,7 +949,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p, prompts, tokens):
-        p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+        p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(NAMES),
+                       help=f"default: {' '.join(TASKS)}; Spec-Bench's others: {' '.join(SPEC_BENCH)}")
         p.add_argument("--data", nargs="+", default=[], metavar="TASK=FILE",
                        help="read a task's prompts from this file (same format as the default)")
         p.add_argument("--prompts", type=int, default=prompts, help="prompts per task")
@@ -875,6 +1015,11 @@ def main():
                    help="the drafters' early stop, q below it (0 = never; default: each drafter's own)")
     p.add_argument("--draft-quant", default=SPSConfig.quant, choices=QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
+    p.add_argument("--oracle", action="store_true",
+                   help="also the oracle switch over SwitchSD's paths, the ceiling of any policy (bench.oracle)")
+    p.add_argument("--ablations", action="store_true",
+                   help="also SwitchSD with the paper's binary switch, and with the kappa-gram or surface gate")
+    p.add_argument("--methods", nargs="+", help="only these rows (labels as in the table; AR always runs)")
     common(p, 8, 128)
     p = sub.add_parser("pool", help="one Table 1 from several table1 runs' JSON (their prompts pooled)")
     p.add_argument("runs", nargs="+", help="table1_*.json files of runs over different prompts")
@@ -925,8 +1070,8 @@ def main():
     SKIP = getattr(a, "skip", 0)
     for item in getattr(a, "data", []):
         task, _, path = item.partition("=")
-        if task not in TASKS or not Path(path).is_file():
-            ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(TASKS)} and an existing file")
+        if task not in NAMES or not Path(path).is_file():
+            ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(NAMES)} and an existing file")
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,

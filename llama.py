@@ -584,16 +584,20 @@ class Tokenizer:
         ids = list(ids)
         return [self.decode(ids[:i + 1])[len(self.decode(ids[:i])):] for i in range(len(ids))]
 
-    def chat(self, user: str, system: str | None = None) -> str:
-        """The prompt text for one user turn, ending where the assistant starts to write."""
+    def chat(self, user: str, system: str | None = None, history=()) -> str:
+        """The prompt text for a user turn after `history`, (user, assistant) pairs of earlier
+        turns, ending where the assistant starts to write."""
         system = system if system is not None else self.default_system
         if self.chat_format == "chatml":
-            head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-            return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+            turn = lambda role, text: f"<|im_start|>{role}\n{text}<|im_end|>\n"
+            head = turn("system", system) if system else ""
+            past = "".join(turn("user", u) + turn("assistant", a) for u, a in history)
+            return f"{head}{past}{turn('user', user)}<|im_start|>assistant\n"
         if self.chat_format == "llama3":
             turn = lambda role, text: f"<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
             head = turn("system", system) if system else ""
-            return f"<|begin_of_text|>{head}{turn('user', user)}<|start_header_id|>assistant<|end_header_id|>\n\n"
+            past = "".join(turn("user", u) + turn("assistant", a) for u, a in history)
+            return f"<|begin_of_text|>{head}{past}{turn('user', user)}<|start_header_id|>assistant<|end_header_id|>\n\n"
         raise ValueError("tokenizer.json: no known chat format (ChatML or Llama 3); use --no-chat")
 
     def prompt_ids(self, text: str, chat: bool = True) -> list[int]:

@@ -240,7 +240,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
         if d is not None:
             d.reset(max_len)
     switch = (UCBSpec(["copy", "neural"]) if method == "banditspec" else
-              CostSwitch(["neural", "lookup", "ar"] if neural else ["lookup", "ar"])
+              CostSwitch(["lookup", "neural", "ar"] if neural else ["lookup", "ar"])
               if method == "switchsd" and policy == "cost" else None)
     capture = ((probe.capture,) if probe else ()) + (neural.capture if neural else ())
     res = Result(prompt_ids=list(prompt_ids))
@@ -355,15 +355,19 @@ class CostSwitch:
     0.5B SPS draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md):
     a neural step pays only where its drafts are accepted, and on summaries a lookup often
     beats it. The paths:
-        neural  the neural drafter (when the run has one);
         lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
+        neural  the neural drafter (when the run has one);
         ar      a plain target step.
-    Each path's rate is tokens emitted / seconds spent, both summed over its steps with the
-    older ones decayed by `decay` per play, so the estimate follows the text. Every offered path
-    is played `warmup` times first, and a path left unplayed for `stale` picks once more. The
-    choice never changes what is emitted: every draft is verified as before.
+    A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
+    ones decayed by `decay` per play, so the estimate follows the text. Until a path has a
+    measured step its rate is a guess in units of the fastest step so far: one token for a
+    plain step (every step runs a target pass, so this is a lower bound) and `prior` tokens for
+    a draft, which is thus tried once the measured paths yield less. The neural drafter's first
+    step is not measured: it also runs the drafter's own prefill of the prompt, paid once. A
+    measured path left unplayed for `stale` picks is played once more. The choice never changes
+    what is emitted: every draft is verified as before.
     """
-    decay, warmup, stale = 0.8, 2, 32
+    decay, prior, stale = 0.9, 2.0, 32
 
     def __init__(self, arms):
         self.arms = list(arms)
@@ -372,26 +376,31 @@ class CostSwitch:
         self.seconds = {a: 0.0 for a in self.arms}
         self.plays = {a: 0 for a in self.arms}
         self.last = {a: 0 for a in self.arms}  # the pick at which each path last played
-        self.t = 0
+        self.t, self.fastest = 0, math.inf  # picks so far; the fastest step so far, in seconds
 
     def rate(self, arm: str) -> float:
-        return self.tokens[arm] / max(self.seconds[arm], 1e-9)
+        if self.seconds[arm] > 0:
+            return self.tokens[arm] / self.seconds[arm]
+        return (1.0 if arm == "ar" else self.prior) / self.fastest
 
     def pick(self, ctx, depth) -> str:
         self.t += 1
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
         offered = [a for a in self.arms if a != "lookup" or self.found is not None]
         for a in offered:
-            if self.plays[a] < self.warmup or self.t - self.last[a] > self.stale:
+            if a != "ar" and self.seconds[a] > 0 and self.t - self.last[a] > self.stale:
                 return a
-        return max(offered, key=self.rate)
+        return max(offered, key=self.rate)  # the first pick, every rate 0: the first offered
 
     def update(self, arm: str, tokens: int, seconds: float):
         """A step of `arm` emitted `tokens` in `seconds`."""
+        self.last[arm] = self.t
+        self.fastest = min(self.fastest, seconds)
+        self.plays[arm] += 1
+        if arm == "neural" and self.plays[arm] == 1:
+            return
         self.tokens[arm] = self.decay * self.tokens[arm] + tokens
         self.seconds[arm] = self.decay * self.seconds[arm] + seconds
-        self.plays[arm] += 1
-        self.last[arm] = self.t
 
 
 class UCBSpec:

@@ -1202,21 +1202,26 @@ def test_gates_and_their_ablations():
 
 
 def test_cost_switch_plays_the_fastest_path():
-    """CostSwitch: each offered path twice, then the best tokens/s; lookup only where PLD finds a
-    match; a path left alone for `stale` picks is tried again."""
-    sw = switchsd.CostSwitch(["neural", "lookup", "ar"])
+    """CostSwitch: the best measured tokens/s; lookup only where PLD finds a match; an untried
+    draft once the measured paths yield less than `prior` tokens per step; a plain step once
+    the drafts pay less than a step; a stale path is tried again."""
+    sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
     ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
-    speed = {"neural": 3.0, "lookup": 5.0, "ar": 1.0}  # tokens per second
     picks = []
-    for t in range(80):
-        arm = sw.pick(ctx if t < 40 else novel, 10)
-        assert (sw.found is not None) == (t < 40) and (arm != "lookup" or t < 40)
+    for t in range(120):
+        arm = sw.pick(ctx if t < 60 else novel, 10)
+        assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
         picks.append(arm)
-        sw.update(arm, speed[arm], 1.0)
-    assert picks[:6] == ["neural", "neural", "lookup", "lookup", "ar", "ar"]
-    assert set(picks[6:40]) <= {"lookup", "neural", "ar"} and picks[6:40].count("lookup") >= 30
-    assert picks[40:].count("neural") >= 36  # no lookup offered: neural beats ar
-    assert "ar" in picks[6:]  # revisited once stale
+        # (tokens, seconds): lookup 5 tokens/s, then 1 from t = 30; neural 3 (its first step 0.3: its
+        # prefill), then 0.5 from t = 60; a plain step 1
+        sw.update(arm, *{"lookup": (5, 1.0) if t < 30 else (1, 1.0), "ar": (1, 1.0),
+                         "neural": (3, 1.0) if 0 < sw.plays["neural"] and t < 60 else (1, 2.0) if t >= 60 else (1, 3.0)}[arm])
+    first_neural = picks.index("neural")
+    assert picks[:30] == ["lookup"] * 30 and 30 < first_neural < 45  # once lookup yields < 2 tokens/step
+    assert picks[first_neural:first_neural + 2] == ["neural", "neural"]  # its first step did not count
+    assert picks[first_neural + 2:60].count("neural") >= 10 and "ar" not in picks[:60]
+    assert picks[100:].count("ar") >= 18  # no lookup, neural 0.5 tokens/s: plain steps
+    assert picks.count("lookup") >= 31  # the stale lookup was tried again
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
     assert sw.pick(novel, 10) == "ar"
 
