@@ -356,7 +356,8 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
     the neural drafter of family `fam`, a plain step. The best schedule (dynamic programming
     over k) is the ceiling of any switching policy; "per step" picks the most tokens per second
     at each step, as a greedy switch would. prefill: the fastest of the prompt's runs, the same
-    work for every method."""
+    work for every method. The neural drafter's own prefill of the prompt (its first draft's
+    extra seconds) is charged to whichever step uses it first."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
@@ -387,17 +388,26 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
                     acc = max(common_prefix(p, truth) for p in tree.paths())
                     here.append((path, min(acc, depth), time.perf_counter() - t + cost(len(tree))))
         options.append(here)
-    best = [0.0] * (n + 1)  # best[k]: the least seconds from state k to the end
+    drafts = [c for o in options for p, _, c in o if p == "neural"]
+    extra = drafts[0] - statistics.median(drafts) if len(drafts) > 1 else 0.0  # the draft's prefill (at k = 0)
+    for k, o in enumerate(options):
+        options[k] = [(p, a, c - extra if p == "neural" and k == 0 else c) for p, a, c in o]
+    cost_of = lambda o, used: o[2] + (extra if o[0] == "neural" and not used else 0.0)
+    # best[u][k]: the least seconds from state k to the end, u: the neural drafter has run
+    best = [[0.0] * (n + 1) for _ in range(2)]
     for k in range(n - 1, -1, -1):
-        best[k] = min(c + best[min(n, k + a + 1)] for _, a, c in options[k])
+        for u in (1, 0):
+            best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
     rows = {}
-    for name, pick in (("oracle", lambda k: min(options[k], key=lambda o: o[2] + best[min(n, k + o[1] + 1)])),
-                       ("oracle, per step", lambda k: max(options[k], key=lambda o: (o[1] + 1) / o[2]))):
-        k, seconds, steps = 0, prefill, []
+    for name, pick in (("oracle", lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[
+                           u or o[0] == "neural"][min(n, k + o[1] + 1)])),
+                       ("oracle, per step", lambda k, u: max(options[k], key=lambda o: (o[1] + 1) / cost_of(o, u)))):
+        k, seconds, steps, used = 0, prefill, [], False
         while k < n:
-            path, a, c = pick(k)
+            o = pick(k, used)
+            path, a = o[0], o[1]
             steps.append((path, a))
-            seconds, k = seconds + c, k + a + 1
+            seconds, k, used = seconds + cost_of(o, used), k + a + 1, used or path == "neural"
         copy = [a for p, a in steps if p == "copy"]
         rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),
                       "copy_steps": len(copy), "copy_accepted": sum(copy), "copy_zero": copy.count(0),

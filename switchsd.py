@@ -325,7 +325,8 @@ def choose(method, ctx, depth, score, copier, probe, switch, gate="probe") -> st
     if method == "switchsd":
         if gate_open(gate, ctx, score, copier, probe):
             return "copy"
-        return switch.pick(ctx, depth) if switch else "neural"
+        on = score >= probe.tau if gate == "probe" else True  # the ablations use no probe anywhere
+        return switch.pick(ctx, depth, on) if switch else "neural"
     if method == "banditspec":
         return switch.pick()
     return "copy" if copier is not None else "neural"
@@ -348,59 +349,70 @@ def gate_open(gate, ctx, score, copier, probe) -> bool:
 
 class CostSwitch:
     """SwitchSD's choice where the gate does not copy: the path with the most tokens per second
-    so far, measured on this run's own steps (policy "cost").
+    so far, measured on this run's own steps, still read through the probe (policy "cost").
 
     The paper's switch drafts with the neural drafter whenever it does not copy, which assumes
     a draft that is nearly free beside the target's pass, as on a GPU. On a CPU a step of the
-    0.5B SPS draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md):
-    a neural step pays only where its drafts are accepted, and on summaries a lookup often
-    beats it. The paths:
+    0.5B SPS draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md),
+    so a neural step pays only where its drafts are accepted. The paths:
         lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
         neural  the neural drafter (when the run has one);
         ar      a plain target step.
+    The probe reads copy intent where the kappa-gram has not (yet) recurred too: there a
+    lookup's shorter match is usually the start of a copy, elsewhere usually an accident
+    (docs/results.md). So lookup steps are counted apart by the probe's reading, `on`.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
-    ones decayed by `decay` per play, so the estimate follows the text. Until a path has a
-    measured step its rate is a guess in units of the fastest step so far: one token for a
-    plain step (every step runs a target pass, so this is a lower bound) and `prior` tokens for
-    a draft, which is thus tried once the measured paths yield less. The neural drafter's first
-    step is not measured: it also runs the drafter's own prefill of the prompt, paid once. A
-    measured path left unplayed for `stale` picks is played once more. The choice never changes
-    what is emitted: every draft is verified as before.
+    ones decayed by `decay` per play, so the estimate follows the text. A drafting path is
+    tried until it has `trials` measured steps (where the probe reads intent the lookup first,
+    elsewhere the neural drafter); the neural drafter's first step is not measured, as it also
+    runs the drafter's own prefill of the prompt, paid once. A plain step is never tried for
+    its own sake: every step runs a target pass, so one token per the fastest step so far is a
+    lower bound on its rate. A path left unplayed for `stale` picks is played once more. The
+    choice never changes what is emitted: every draft is verified as before.
     """
-    decay, prior, stale = 0.9, 2.0, 32
+    decay, trials, stale = 0.8, 2, 32
 
     def __init__(self, arms):
         self.arms = list(arms)
         self.lookup, self.found = PromptLookup(), None  # found: this pick's lookup draft
-        self.tokens = {a: 0.0 for a in self.arms}
-        self.seconds = {a: 0.0 for a in self.arms}
-        self.plays = {a: 0 for a in self.arms}
-        self.last = {a: 0 for a in self.arms}  # the pick at which each path last played
-        self.t, self.fastest = 0, math.inf  # picks so far; the fastest step so far, in seconds
+        keys = [k for a in self.arms for k in ((a, True), (a, False))]  # (path, on); only lookup's differ
+        self.tokens, self.seconds = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
+        self.plays, self.last = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0)  # last: the pick it last played
+        self.t, self.fastest, self.on = 0, math.inf, False  # picks so far; the fastest step so far, in seconds
 
-    def rate(self, arm: str) -> float:
-        if self.seconds[arm] > 0:
-            return self.tokens[arm] / self.seconds[arm]
-        return (1.0 if arm == "ar" else self.prior) / self.fastest
+    def key(self, arm: str, on: bool):
+        return arm, on and arm == "lookup"
 
-    def pick(self, ctx, depth) -> str:
-        self.t += 1
+    def rate(self, arm: str, on: bool) -> float:
+        k = self.key(arm, on)
+        if arm == "ar" and not self.plays[k]:
+            return 1 / self.fastest
+        if self.plays[k] - (arm == "neural") < self.trials:
+            return math.inf
+        return self.tokens[k] / max(self.seconds[k], 1e-9)
+
+    def pick(self, ctx, depth, on: bool) -> str:
+        """The path for this step; on: does the probe read copy intent?"""
+        self.t, self.on = self.t + 1, on
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
         offered = [a for a in self.arms if a != "lookup" or self.found is not None]
+        if not on:  # untried paths in the paper's order: neural first
+            offered.sort(key=lambda a: a != "neural")
         for a in offered:
-            if a != "ar" and self.seconds[a] > 0 and self.t - self.last[a] > self.stale:
+            if a != "ar" and self.plays[self.key(a, on)] and self.t - self.last[self.key(a, on)] > self.stale:
                 return a
-        return max(offered, key=self.rate)  # the first pick, every rate 0: the first offered
+        return max(offered, key=lambda a: self.rate(a, on))  # ties (untried paths) go to the first
 
     def update(self, arm: str, tokens: int, seconds: float):
-        """A step of `arm` emitted `tokens` in `seconds`."""
-        self.last[arm] = self.t
+        """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`."""
+        k = self.key(arm, self.on)
+        self.last[k] = self.t
         self.fastest = min(self.fastest, seconds)
-        self.plays[arm] += 1
-        if arm == "neural" and self.plays[arm] == 1:
+        self.plays[k] += 1
+        if arm == "neural" and self.plays[k] == 1:
             return
-        self.tokens[arm] = self.decay * self.tokens[arm] + tokens
-        self.seconds[arm] = self.decay * self.seconds[arm] + seconds
+        self.tokens[k] = self.decay * self.tokens[k] + tokens
+        self.seconds[k] = self.decay * self.seconds[k] + seconds
 
 
 class UCBSpec:

@@ -1202,28 +1202,28 @@ def test_gates_and_their_ablations():
 
 
 def test_cost_switch_plays_the_fastest_path():
-    """CostSwitch: the best measured tokens/s; lookup only where PLD finds a match; an untried
-    draft once the measured paths yield less than `prior` tokens per step; a plain step once
-    the drafts pay less than a step; a stale path is tried again."""
+    """CostSwitch: every drafting path until it is measured, then the best measured tokens/s;
+    lookup only where PLD finds a match, counted apart by the probe's reading; a plain step once
+    the drafts pay less than a step."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
     ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
     picks = []
     for t in range(120):
-        arm = sw.pick(ctx if t < 60 else novel, 10)
+        on = t < 30  # the probe reads copy intent
+        arm = sw.pick(ctx if t < 60 else novel, 10, on)
         assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
         picks.append(arm)
-        # (tokens, seconds): lookup 5 tokens/s, then 1 from t = 30; neural 3 (its first step 0.3: its
-        # prefill), then 0.5 from t = 60; a plain step 1
-        sw.update(arm, *{"lookup": (5, 1.0) if t < 30 else (1, 1.0), "ar": (1, 1.0),
-                         "neural": (3, 1.0) if 0 < sw.plays["neural"] and t < 60 else (1, 2.0) if t >= 60 else (1, 3.0)}[arm])
-    first_neural = picks.index("neural")
-    assert picks[:30] == ["lookup"] * 30 and 30 < first_neural < 45  # once lookup yields < 2 tokens/step
-    assert picks[first_neural:first_neural + 2] == ["neural", "neural"]  # its first step did not count
-    assert picks[first_neural + 2:60].count("neural") >= 10 and "ar" not in picks[:60]
+        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 1 elsewhere; neural 3 (its first
+        # step 1/3: its prefill), then 0.5 from t = 60; a plain step 1
+        first = sw.plays[("neural", False)] == 0
+        sw.update(arm, *{"lookup": (5, 1.0) if on else (1, 1.0), "ar": (1, 1.0),
+                         "neural": (1, 3.0) if first else (3, 1.0) if t < 60 else (1, 2.0)}[arm])
+    assert picks[:5] == ["lookup", "lookup", "neural", "neural", "neural"]  # its first step is not measured
+    assert picks[5:30] == ["lookup"] * 25 and "ar" not in picks[:60]
+    assert picks[30:32] == ["lookup", "lookup"] and picks[32:60] == ["neural"] * 28  # lookup, probe off: 1 token/s
     assert picks[100:].count("ar") >= 18  # no lookup, neural 0.5 tokens/s: plain steps
-    assert picks.count("lookup") >= 31  # the stale lookup was tried again
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
-    assert sw.pick(novel, 10) == "ar"
+    assert sw.pick(novel, 10, True) == "ar"
 
 
 @pytest.mark.slow
@@ -1544,6 +1544,7 @@ def test_bench_keeps_each_methods_fastest_round(monkeypatch):
 
     class Setup:
         tok = type("Tok", (), {"prompt_ids": staticmethod(lambda text: [1, 2])})
+        prompt_ids = staticmethod(lambda text: [1, 2])
 
         def run(self, name, ids, max_new):
             steps = [switchsd.Step("ar", 0, 0, 0.0)] * 4
@@ -1569,6 +1570,7 @@ def test_bench_pool_equals_one_run_over_all_prompts(monkeypatch, tmp_path):
 
     class Setup:
         tok = type("Tok", (), {"prompt_ids": staticmethod(lambda text: [len(text)])})
+        prompt_ids = staticmethod(lambda text: [len(text)])
 
         def run(self, name, ids, max_new):
             n = ids[0]  # each prompt its own speed, output and copy steps
