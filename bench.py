@@ -3,6 +3,7 @@
     python bench.py ar                      # our autoregressive decoding vs transformers
     python bench.py parity                  # greedy output of llama.py vs transformers
     python bench.py table1 [--quick] [--hf] # the paper's Table 1: every method (+ transformers'), three tasks
+                   [--oracle] [--ablations] # + the oracle switch's bound; SwitchSD's policy and gate ablations
     python bench.py copy                    # the W sweep of the copy path
     python bench.py neural                  # the gamma sweep of SPS and EAGLE-3, with and without copying
     python bench.py gate                    # SwitchSD's gate: kappa x tau, beside PLD and SPS

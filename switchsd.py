@@ -359,8 +359,8 @@ class CostSwitch:
         neural  the neural drafter (when the run has one);
         ar      a plain target step.
     The probe reads copy intent where the kappa-gram has not (yet) recurred too: there a
-    lookup's shorter match is usually the start of a copy, elsewhere usually an accident
-    (docs/results.md). So lookup steps are counted apart by the probe's reading, `on`.
+    lookup's shorter match is more often the start of a copy than an accident, so lookup steps
+    are counted apart by the probe's reading, `on`.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
     ones decayed by `decay` per play, so the estimate follows the text. A drafting path is
     tried until it has `trials` measured steps (where the probe reads intent the lookup first,
