@@ -358,14 +358,18 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
     over k) is the ceiling of any switching policy; "per step" picks the most tokens per second
     at each step, as a greedy switch would. prefill: the fastest of the prompt's runs, the same
     work for every method. The neural drafter's own prefill of the prompt (its first draft's
-    extra seconds) is charged to whichever step uses it first."""
+    extra seconds) is charged to whichever step uses it first. "SwitchSD, replayed" runs the
+    default policy (the probe gate, then CostSwitch) on the same costs, fed the probe's scores
+    of AR's output: the policy's distance from the ceiling without the live run's timing noise."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
     cost = pass_seconds(model, full, L + n // 2)
-    capture = neural.capture if neural else ()
+    probe = setup.probe
+    capture = (neural.capture if neural else ()) + (probe.capture,)
     with torch.inference_mode():
-        feats = model.forward_sequence(full, capture, logits_at=slice(0, 0))[1] if capture else {}
+        feats = model.forward_sequence(full, capture, logits_at=slice(0, 0))[1]
+        scores = probe.score(feats[probe.capture][L - 1:]).tolist()  # state k's current token: full[L + k - 1]
     if neural:
         neural.reset(len(full) + CopyConfig.depth)
     fed = 0  # target positions whose features the neural drafter has been given
@@ -399,15 +403,27 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
     for k in range(n - 1, -1, -1):
         for u in (1, 0):
             best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
+    # The default policy (switchsd.choose with CostSwitch) replayed on these same costs: its
+    # distance from the oracle is the policy's alone, free of timing noise between runs.
+    switch = switchsd.CostSwitch(["lookup", "neural", "ar"] if neural else ["lookup", "ar"])
+
+    def replay(k, used):
+        on = scores[k] >= probe.tau
+        ok = {o[0]: o for o in options[k]}
+        arm = "ar" if k == n - 1 else "copy" if "copy" in ok and on else switch.pick(full[:L + k], n - k - 1, on)
+        return ok.get(arm, ok["ar"]), arm
+
+    oracle_pick = lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)])
+    per_step = lambda k, u: max(options[k], key=lambda o: (o[1] + 1) / cost_of(o, u))
     rows = {}
-    for name, pick in (("oracle", lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[
-                           u or o[0] == "neural"][min(n, k + o[1] + 1)])),
-                       ("oracle, per step", lambda k, u: max(options[k], key=lambda o: (o[1] + 1) / cost_of(o, u)))):
+    for name, pick in (("oracle", oracle_pick), ("oracle, per step", per_step), ("SwitchSD, replayed", replay)):
         k, seconds, steps, used = 0, prefill, [], False
         while k < n:
-            o = pick(k, used)
+            o, arm = pick(k, used) if name == "SwitchSD, replayed" else (pick(k, used), None)
             path, a = o[0], o[1]
             steps.append((path, a))
+            if arm in switch.arms:
+                switch.update(arm, min(a + 1, n - k), cost_of(o, used))
             seconds, k, used = seconds + cost_of(o, used), k + a + 1, used or path == "neural"
         copy = [a for p, a in steps if p == "copy"]
         rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),

@@ -367,7 +367,9 @@ class CostSwitch:
     elsewhere the neural drafter); the neural drafter's first step is not measured, as it also
     runs the drafter's own prefill of the prompt, paid once. A plain step is never tried for
     its own sake: every step runs a target pass, so one token per the fastest step so far is a
-    lower bound on its rate. A path left unplayed for `stale` picks is played once more. The
+    lower bound on its rate. Nor is a lookup where the probe reads no intent: such lookups
+    mostly accept nothing (docs/results.md), so until measured one is rated as a plain step,
+    and played only where a plain step would be. A path left unplayed for `stale` picks is played once more. The
     choice never changes what is emitted: every draft is verified as before.
     """
     decay, trials, stale = 0.8, 2, 32
@@ -387,6 +389,8 @@ class CostSwitch:
         k = self.key(arm, on)
         if arm == "ar" and not self.plays[k]:
             return 1 / self.fastest
+        if k == ("lookup", False) and self.plays[k] < self.trials:
+            return max(1 / self.fastest, self.tokens[k] / max(self.seconds[k], 1e-9))
         if self.plays[k] - (arm == "neural") < self.trials:
             return math.inf
         return self.tokens[k] / max(self.seconds[k], 1e-9)

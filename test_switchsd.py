@@ -1203,8 +1203,8 @@ def test_gates_and_their_ablations():
 
 def test_cost_switch_plays_the_fastest_path():
     """CostSwitch: every drafting path until it is measured, then the best measured tokens/s;
-    lookup only where PLD finds a match, counted apart by the probe's reading; a plain step once
-    the drafts pay less than a step."""
+    lookup only where PLD finds a match, counted apart by the probe's reading, and where the
+    probe is off tried only in a plain step's place; a plain step once the drafts pay less."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
     ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
     picks = []
@@ -1213,14 +1213,15 @@ def test_cost_switch_plays_the_fastest_path():
         arm = sw.pick(ctx if t < 60 else novel, 10, on)
         assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
         picks.append(arm)
-        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 1 elsewhere; neural 3 (its first
-        # step 1/3: its prefill), then 0.5 from t = 60; a plain step 1
+        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 2 elsewhere; neural 3 (its first
+        # step 1/3: its prefill), then 0.5 from t = 45; a plain step 1
         first = sw.plays[("neural", False)] == 0
-        sw.update(arm, *{"lookup": (5, 1.0) if on else (1, 1.0), "ar": (1, 1.0),
-                         "neural": (1, 3.0) if first else (3, 1.0) if t < 60 else (1, 2.0)}[arm])
+        sw.update(arm, *{"lookup": (5, 1.0) if on else (2, 1.0), "ar": (1, 1.0),
+                         "neural": (1, 3.0) if first else (3, 1.0) if t < 45 else (1, 2.0)}[arm])
     assert picks[:5] == ["lookup", "lookup", "neural", "neural", "neural"]  # its first step is not measured
     assert picks[5:30] == ["lookup"] * 25 and "ar" not in picks[:60]
-    assert picks[30:32] == ["lookup", "lookup"] and picks[32:60] == ["neural"] * 28  # lookup, probe off: 1 token/s
+    assert picks[30:45] == ["neural"] * 15  # probe off: the lookup is not tried while neural beats a plain step
+    assert picks[50:60] == ["lookup"] * 10  # ... and once it does not, the lookup is (2 tokens/s)
     assert picks[100:].count("ar") >= 18  # no lookup, neural 0.5 tokens/s: plain steps
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
     assert sw.pick(novel, 10, True) == "ar"
