@@ -444,6 +444,11 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_o
     methods = [(m, m, {}) if isinstance(m, str) else m for m in ["AR", *methods]]
     runs = [(m, lambda ids, name=name, kw=kw: setup.run(name, ids, max_new, **kw)) for m, name, kw in methods]
     runs += list((hf or {}).items())
+    # A short untimed run of each method first: a model's first passes pay one-time costs
+    # (allocations, kernel choices) that would otherwise land on the first prompt's timings.
+    first = setup.prompt_ids(task_prompts(tasks[0], 1)[0])
+    for _, name, kw in methods:
+        setup.run(name, first, 8, **kw)
     results = {}
     for task in tasks:
         per = {m: [] for m, _ in runs}
