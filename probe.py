@@ -312,7 +312,7 @@ def cmd_train(a):
     work = Path(a.work or f"runs/probe-{name}")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = llama.Model.from_pretrained(folder)
+    model = llama.Model.from_pretrained(folder, exact=False)  # see cmd_completions
     tok = llama.Tokenizer(folder)
     prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
     generate_completions(model, tok, prompts, work / "completions.jsonl", a.max_new_tokens, a.batch)
@@ -501,8 +501,10 @@ def cmd_eval(a):
 def cmd_completions(a):
     folder = resolve(a.model)
     prompts = data.subset(data.read_prompts(a.prompts), {"train": a.train, "val": a.val, "test": a.test})
-    generate_completions(llama.Model.from_pretrained(folder), llama.Tokenizer(folder), prompts, a.out,
-                         a.max_new_tokens, a.batch)
+    # torch's own kernels: training data need no bit-exactness, and batched_greedy's packed
+    # prompts would defeat it anyway, each row then recomputed alone (llama.exact_layout).
+    generate_completions(llama.Model.from_pretrained(folder, exact=False), llama.Tokenizer(folder), prompts,
+                         a.out, a.max_new_tokens, a.batch)
 
 
 def cmd_features(a):
