@@ -873,9 +873,12 @@ def bench_passes(a):
     --context tokens: the economics behind every speculative method on this machine."""
     lines = [f"| model | " + " | ".join(f"T={T}" for T in a.widths) + " |", "|---" * (len(a.widths) + 1) + "|"]
     vocab = {}  # (model, N) -> ms
-    for name, quant, dtype in [(n, q, d) for n in a.models for q in a.quants for d in a.dtypes]:
-        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=quant == "int8")
-        name = " ".join([name] + [quant] * (len(a.quants) > 1) + [dtype] * (len(a.dtypes) > 1))
+    runs = [(n, q, d, k) for n in a.models for q in a.quants for d in a.dtypes for k in a.kernels]
+    for name, quant, dtype, kernels in runs:
+        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=quant == "int8",
+                                            exact=None if kernels == "auto" else kernels == "exact")
+        name = " ".join([name] + [quant] * (len(a.quants) > 1) + [dtype] * (len(a.dtypes) > 1)
+                        + [kernels] * (len(a.kernels) > 1))
         ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
         cache = model.new_cache(len(ids))
         with torch.inference_mode():
@@ -1084,6 +1087,8 @@ def main():
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
                    help="the dtypes to time each model in (int8: of its activations)")
+    p.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "fast", "exact"],
+                   help="the target's kernels (llama.Model.from_pretrained's exact; auto: the dtype's default)")
     p = sub.add_parser("kernels", help="AR and SwitchSD[SPS] with exact against fast kernels")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")

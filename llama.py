@@ -152,8 +152,6 @@ def rotate_half(x):
 
 
 class Attention(nn.Module):
-    exact = False  # Model.set_exact: exact_attention instead of the fused kernel
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         H, Hkv, D = args.n_heads, args.n_kv_heads, args.head_dim
@@ -176,7 +174,7 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
-        if self.exact:  # mask: exact_layout's (bias, kept, moves), from Model.forward
+        if isinstance(mask, tuple):  # exact kernels: exact_layout's (bias, kept, moves), from Model.forward
             bias, kept, moves = mask
             Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
             if kept is None:  # every row's tokens sit where a chain's would
@@ -240,23 +238,18 @@ def exact_attention(q, K, V, bias):
     0 where row i may attend, -inf elsewhere. A fused kernel reduces a row over the keys of
     its own pass, in blocks that depend on T, so a token verified among others gets other
     roundings than in a one-token step. Here every row reduces over the same L slots in the
-    same order whatever T is (masked slots add exact zeros), and both products have at least
-    EXACT_ROWS rows. A row equals its one-token step when its pass puts the tokens it sees
+    same order whatever T is (masked slots add exact zeros), and both products run in tiles
+    of rows (tiled). A row equals its one-token step when its pass puts the tokens it sees
     in the same slots: a chain, or the first branch of a tree (docs/performance.md).
     """
     T, H, D = q.shape
     Hkv, L, _ = K.shape
     G, M = H // Hkv, T * H // Hkv  # query heads per kv head; rows per kv head
-    pad = EXACT_ROWS.get(q.dtype, 1) - M
     q = q.view(T, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, M, D)  # head h reads kv head h // G
-    if pad > 0:
-        q = F.pad(q, (0, 0, 0, pad))
-    s = (q @ K.transpose(1, 2))[:, :M].float() * D ** -0.5  # (Hkv, M, L)
+    s = tiled(lambda c: c @ K.transpose(1, 2), q).float() * D ** -0.5  # (Hkv, M, L)
     s = s.view(Hkv, T, G, L) + bias[None, :, None, :]
     p = torch.softmax(s, dim=-1).to(V.dtype).view(Hkv, M, L)
-    if pad > 0:
-        p = F.pad(p, (0, 0, 0, pad))
-    y = (p @ V)[:, :M]  # (Hkv, M, D)
+    y = tiled(lambda c: c @ V, p)  # (Hkv, M, D)
     return y.view(Hkv, T, G, D).permute(1, 0, 2, 3).reshape(T, H * D)
 
 
@@ -306,7 +299,7 @@ class Model(nn.Module):
         (docs/performance.md: what each costs)."""
         self.exact = exact
         for m in self.modules():
-            if isinstance(m, (Linear, Attention)):
+            if isinstance(m, Linear):  # (Attention follows the layout Model.forward hands it)
                 m.exact = exact
         return self
 
@@ -321,7 +314,7 @@ class Model(nn.Module):
     def new_cache(self, max_len: int) -> "KVCache":
         return KVCache(self.args, max_len, self.dtype, self.device)
 
-    def forward(self, ids, pos, mask, cache, capture=(), logits_at=slice(None)):
+    def forward(self, ids, pos, mask, cache, capture=(), logits_at=slice(None), exact=None):
         """ids, pos: (T,) int64; mask: (T, cache.n + T) bool, or None when every new token
         may see every slot (a single new token: the mask builders below return None then,
         and attention runs its faster unmasked kernel).
@@ -329,11 +322,13 @@ class Model(nn.Module):
         capture: (kind, layer) pairs, kind "attn" (the residual after the attention
         sublayer), "mlp" (after the MLP sublayer) or "in" (the block's input).
         logits_at: which of the T rows get logits (prefill needs one, feature passes none).
+        exact: False runs this pass's attention with torch's fused kernel even in exact mode
+        (a prompt's prefill, which every method runs alike); None: the model's setting.
         Returns logits (len(logits_at), V) in float32 and {(kind, layer): (T, dim)}.
         """
         x = self.model.embed_tokens(ids)  # (T, dim)
         cos, sin = rope(self.inv_freq, pos, x.dtype)
-        if self.exact:
+        if self.exact if exact is None else exact:
             mask = exact_layout(mask, len(ids), cache.n, cache.k.shape[2], x.device)
         hidden = {}
         for i, block in enumerate(self.model.layers):
@@ -609,11 +604,25 @@ class Tokenizer:
 # waits on reading the weights (docs/performance.md); these make that read cheaper.
 # ---------------------------------------------------------------------------------------
 
-# The fewest rows a product needs for each row's result not to depend on how many rows it
-# has: one row runs a matrix-vector kernel that reduces in another order, and MKL's float32
-# GEMM changes kernels up to 16 rows; oneDNN's bf16 GEMM is row-independent from 2 rows
-# (measured with `bench.py invariance`; the tests check it on the machine they run on).
+# The rows a product may have for each row's result not to depend on how many rows it has
+# (measured with `bench.py invariance`; the tests check it on the machine they run on). At
+# least EXACT_ROWS: one row runs a matrix-vector kernel that reduces in another order, and
+# MKL's float32 GEMM changes kernels up to 16 rows; oneDNN's bf16 GEMM is row-independent
+# from 2 rows. At most EXACT_TILE: on a CPU with AMX, oneDNN's bf16 GEMM changes kernels
+# above 32 rows (docs/performance.md).
 EXACT_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
+EXACT_TILE = 32
+
+
+def tiled(f, x):
+    """f(x) for a product f over the rows of x (dim -2), run in tiles of EXACT_ROWS..EXACT_TILE
+    rows (zero rows appended to a short one), so that every row goes through the same kernel
+    whatever the number of rows."""
+    lo, out = EXACT_ROWS.get(x.dtype, 1), []
+    for c in x.split(EXACT_TILE, dim=-2):
+        n = c.shape[-2]
+        out.append(f(F.pad(c, (0, 0, 0, lo - n)) if n < lo else c)[..., :n, :])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-2)
 
 
 class Linear(nn.Linear):
@@ -631,9 +640,8 @@ class Linear(nn.Linear):
 
     def forward(self, x):  # x: (T, in)
         T = x.shape[0]
-        if self.exact:  # batch-invariant: never fewer rows than the kernel's row-independent minimum
-            pad = EXACT_ROWS.get(x.dtype, 1) - T
-            return super().forward(F.pad(x, (0, 0, 0, pad)))[:T] if pad > 0 else super().forward(x)
+        if self.exact:  # batch-invariant: in tiles of rows the kernel treats alike
+            return tiled(super().forward, x)
         if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
             O, I = self.weight.shape
             r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB

@@ -249,12 +249,14 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
     t0 = time.perf_counter()
 
     with torch.inference_mode():
-        # Prefill everything but the current token; its logits come with the first step.
+        # Prefill everything but the current token; its logits come with the first step. Every
+        # method runs this same pass, so it needs no batch-invariant kernels, which would cost
+        # twice the fused attention here (docs/performance.md).
         hidden = {}
         if len(ctx) > 1:
             mask, pos = llama.causal_mask(len(ctx) - 1, 0, dev)
             _, hidden = model(torch.tensor(ctx[:-1], device=dev), pos, mask, cache, capture,
-                              logits_at=slice(0, 0))
+                              logits_at=slice(0, 0), exact=False)
         if neural:
             neural.observe(hidden)  # EAGLE3 reads the prompt's features here
         score = probe.score(hidden[probe.capture][-1]).item() if probe and hidden else 0.0

@@ -397,6 +397,22 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
         node += len(c)
 
 
+def test_tiled_products_do_not_depend_on_the_row_count():
+    """The exact kernels' premise at a real model's sizes (Qwen2.5-Coder-1.5B's MLP down
+    projection, its attention at a 1000-slot cache): in llama.tiled, each row of a product of
+    up to a copy tree's 81 rows equals the row alone. A tiny model's products are too small to
+    reach the kernel switch this guards against (bf16 GEMM on an AMX CPU, above 32 rows)."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1536, 8960, generator=g).to(torch.bfloat16)
+    X = torch.randn(81, 8960, generator=g).to(torch.bfloat16)
+    V = torch.randn(2, 1000, 128, generator=g).to(torch.bfloat16)
+    P = torch.softmax(torch.randn(2, 81, 1000, generator=g), -1).to(torch.bfloat16)
+    for f, x in ((lambda x: torch.nn.functional.linear(x, W), X), (lambda p: p @ V, P)):
+        alone = torch.cat([llama.tiled(f, x[..., r:r + 1, :]) for r in range(81)], dim=-2)
+        for M in (2, 11, 32, 33, 48, 81):
+            assert torch.equal(llama.tiled(f, x[..., :M, :]), alone[..., :M, :]), M
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
