@@ -322,13 +322,19 @@ class Model(nn.Module):
         capture: (kind, layer) pairs, kind "attn" (the residual after the attention
         sublayer), "mlp" (after the MLP sublayer) or "in" (the block's input).
         logits_at: which of the T rows get logits (prefill needs one, feature passes none).
-        exact: False runs this pass's attention with torch's fused kernel even in exact mode
-        (a prompt's prefill, which every method runs alike); None: the model's setting.
+        exact: this pass's kernels (set_exact), e.g. False for a prompt's prefill, which every
+        method runs alike; None: the model's setting.
         Returns logits (len(logits_at), V) in float32 and {(kind, layer): (T, dim)}.
         """
         x = self.model.embed_tokens(ids)  # (T, dim)
         cos, sin = rope(self.inv_freq, pos, x.dtype)
-        if self.exact if exact is None else exact:
+        if exact is not None and exact != self.exact:  # this pass only
+            self.set_exact(exact)
+            try:
+                return self(ids, pos, mask, cache, capture, logits_at)
+            finally:
+                self.set_exact(not exact)
+        if self.exact:
             mask = exact_layout(mask, len(ids), cache.n, cache.k.shape[2], x.device)
         hidden = {}
         for i, block in enumerate(self.model.layers):

@@ -250,8 +250,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
 
     with torch.inference_mode():
         # Prefill everything but the current token; its logits come with the first step. Every
-        # method runs this same pass, so it needs no batch-invariant kernels, which would cost
-        # twice the fused attention here (docs/performance.md).
+        # method runs this same pass, so it needs no batch-invariant kernels, which would read
+        # the weights once per 32 prompt tokens (llama.tiled; docs/performance.md).
         hidden = {}
         if len(ctx) > 1:
             mask, pos = llama.causal_mask(len(ctx) - 1, 0, dev)
