@@ -365,14 +365,13 @@ class CostSwitch:
     are counted apart by the probe's reading, `on`.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
     ones decayed by `decay` per play, so the estimate follows the text. A drafting path is
-    tried until it has `trials` measured steps (where the probe reads intent the lookup first,
-    elsewhere the neural drafter); the neural drafter's first step is not measured, as it also
-    runs the drafter's own prefill of the prompt, paid once. A plain step is never tried for
-    its own sake: every step runs a target pass, so one token per the fastest step so far is a
-    lower bound on its rate. Nor is a lookup where the probe reads no intent: such lookups
-    mostly accept nothing (docs/results.md), so until measured one is rated as a plain step,
-    and played only where a plain step would be. A path left unplayed for `stale` picks is played once more. The
-    choice never changes what is emitted: every draft is verified as before.
+    tried until it has `trials` measured steps, the cheaper first (lookup, then neural); the
+    neural drafter's first step also runs its own prefill of the prompt, and is measured with
+    it: a drafter whose prefill does not pay for itself is not worth switching to. A plain step
+    is never tried for its own sake: every step runs a target pass, so one token per the
+    fastest step so far is a lower bound on its rate. A path left unplayed for `stale` picks is
+    played once more. The choice never changes what is emitted: every draft is verified as
+    before.
     """
     decay, trials, stale = 0.8, 2, 32
 
@@ -391,9 +390,7 @@ class CostSwitch:
         k = self.key(arm, on)
         if arm == "ar" and not self.plays[k]:
             return 1 / self.fastest
-        if k == ("lookup", False) and self.plays[k] < self.trials:
-            return max(1 / self.fastest, self.tokens[k] / max(self.seconds[k], 1e-9))
-        if self.plays[k] - (arm == "neural") < self.trials:
+        if self.plays[k] < self.trials:
             return math.inf
         return self.tokens[k] / max(self.seconds[k], 1e-9)
 
@@ -402,8 +399,6 @@ class CostSwitch:
         self.t, self.on = self.t + 1, on
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
         offered = [a for a in self.arms if a != "lookup" or self.found is not None]
-        if not on:  # untried paths in the paper's order: neural first
-            offered.sort(key=lambda a: a != "neural")
         for a in offered:
             if a != "ar" and self.plays[self.key(a, on)] and self.t - self.last[self.key(a, on)] > self.stale:
                 return a
@@ -415,8 +410,6 @@ class CostSwitch:
         self.last[k] = self.t
         self.fastest = min(self.fastest, seconds)
         self.plays[k] += 1
-        if arm == "neural" and self.plays[k] == 1:
-            return
         self.tokens[k] = self.decay * self.tokens[k] + tokens
         self.seconds[k] = self.decay * self.seconds[k] + seconds
 

@@ -1218,9 +1218,10 @@ def test_gates_and_their_ablations():
 
 
 def test_cost_switch_plays_the_fastest_path():
-    """CostSwitch: every drafting path until it is measured, then the best measured tokens/s;
-    lookup only where PLD finds a match, counted apart by the probe's reading, and where the
-    probe is off tried only in a plain step's place; a plain step once the drafts pay less."""
+    """CostSwitch: every drafting path until it is measured, the cheaper first, the neural
+    drafter's prefill counted in its first step; lookup only where PLD finds a match, counted
+    apart by the probe's reading; then the best measured tokens/s, a plain step once the
+    drafts pay less."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
     ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
     picks = []
@@ -1229,16 +1230,17 @@ def test_cost_switch_plays_the_fastest_path():
         arm = sw.pick(ctx if t < 60 else novel, 10, on)
         assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
         picks.append(arm)
-        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 2 elsewhere; neural 3 (its first
-        # step 1/3: its prefill), then 0.5 from t = 45; a plain step 1
+        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 0.9 elsewhere; neural 3 (its
+        # first step 1/3: its prefill), then 0.5 from t = 45; a plain step 1
         first = sw.plays[("neural", False)] == 0
-        sw.update(arm, *{"lookup": (5, 1.0) if on else (2, 1.0), "ar": (1, 1.0),
+        sw.update(arm, *{"lookup": (5, 1.0) if on else (1, 1.1), "ar": (1, 1.0),
                          "neural": (1, 3.0) if first else (3, 1.0) if t < 45 else (1, 2.0)}[arm])
-    assert picks[:5] == ["lookup", "lookup", "neural", "neural", "neural"]  # its first step is not measured
-    assert picks[5:30] == ["lookup"] * 25 and "ar" not in picks[:60]
-    assert picks[30:45] == ["neural"] * 15  # probe off: the lookup is not tried while neural beats a plain step
-    assert picks[50:60] == ["lookup"] * 10  # ... and once it does not, the lookup is (2 tokens/s)
-    assert picks[100:].count("ar") >= 18  # no lookup, neural 0.5 tokens/s: plain steps
+    assert picks[:4] == ["lookup", "lookup", "neural", "neural"]  # 1/3 then 3 tokens/s: 1.1 so far
+    assert picks[4:30] == ["lookup"] * 26 and "ar" not in picks[:50]
+    assert picks[30:32] == ["lookup"] * 2  # probe off: the lookup is measured apart (0.9 tokens/s)
+    assert picks[32:45] == ["neural"] * 13  # ... and loses to the neural drafter (1.1 -> 3)
+    assert picks[50:60].count("ar") == 10  # neural 0.5 tokens/s, the lookup 0.9: plain steps
+    assert picks[60:].count("ar") >= 55  # no lookup: plain steps, the drafter retried when stale
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
     assert sw.pick(novel, 10, True) == "ar"
 
