@@ -732,7 +732,12 @@ def bench_table1(a):
                   quant=a.draft_quant, threshold=a.draft_threshold)
         methods = table1_methods(draft, eagle, s.probe, a.ablations)
         if a.methods:  # a subset of the rows, by label
-            methods = [m for m in methods if (m if isinstance(m, str) else m[0]) in a.methods]
+            labels = [m if isinstance(m, str) else m[0] for m in methods]
+            unknown = [m for m in a.methods if m not in labels]
+            if unknown:
+                sys.exit(f"bench.py table1 --methods: no row {', '.join(map(repr, unknown))} for {model}"
+                         f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(labels)}")
+            methods = [m for m, label in zip(methods, labels) if label in a.methods]
         hf = {}
         if a.hf:
             m = hf_model(model, s.dtype)

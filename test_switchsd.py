@@ -1656,6 +1656,11 @@ def test_bench_quick_smoke_run(tmp_path):
         assert row["copy_per_100"] == pytest.approx(100 * row["copy_rate"] / row["mean_accepted"])
     assert res["humaneval"]["SPS"]["copy_per_100"] == 0 and res["humaneval"]["PLD"]["copy_per_100"] > 0
     assert (tmp_path / "out" / "table1_t_quick.svg").read_text().startswith("<svg")
+    r = subprocess.run([sys.executable, str(HERE / "bench.py"), "table1", "--quick", "--model", str(src),
+                        "--draft-model", str(draft), "--probe", str(tmp_path / "p.safetensors"), "--dtype", "float32",
+                        "--methods", "PLD", "SwitchSD[SPS] paper switch"], capture_output=True, text=True, cwd=HERE,
+                       timeout=600)  # an ablation row without --ablations: refused, not dropped
+    assert r.returncode != 0 and "'SwitchSD[SPS] paper switch'" in r.stderr and "--ablations" in r.stderr
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "heads", "--model", str(src), "--eagle", str(eagle),
                         "--tasks", "humaneval", "--data", f"humaneval={tmp_path / 'he.jsonl'}", "--tokens", "16",
                         "--dtype", "float32", "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=HERE,
