@@ -146,16 +146,16 @@ class Setup:
         return given(SPSConfig(), vocab=vocab, quant=quant or self.quant, **kw), given(Eagle3Config(), **kw)
 
     def run(self, method: str, ids, max_new, gamma=None, width=None, topk=None, threshold=None,
-            kappa=None, tau=None, vocab=None, quant=None, exact=None, policy="cost", gate="probe"):
+            kappa=None, tau=None, vocab=None, quant=None, exact=None, policy="cost", gate="probe", rows=None):
         """One of the benchmark's methods by its table name, e.g. "SwitchSD[SPS]"; the keywords
-        override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's;
-        exact: the target's kernels for this run, llama.Model.set_exact; policy and gate:
+        override the defaults (kappa and tau: SwitchSD's gate, otherwise the probe file's; rows:
+        the copy tree's, CopyConfig.rows; exact: the target's kernels for this run, llama.Model.set_exact; policy and gate:
         switchsd.generate's)."""
         if exact is not None and exact != self.model.exact:
             self.model.set_exact(exact)
             try:
                 return self.run(method, ids, max_new, gamma, width, topk, threshold, kappa, tau, vocab, quant,
-                                policy=policy, gate=gate)
+                                policy=policy, gate=gate, rows=rows)
             finally:
                 self.model.set_exact(not exact)
         base, _, fam = method.partition("[")
@@ -164,7 +164,8 @@ class Setup:
                 "EAGLE3": "eagle3", "BanditSpec": "banditspec", "SwitchSD": "switchsd"}[base]
         fam = {"sps": "sps", "eagle3": "eagle3"}.get(kind, fam)
         sps, eagle = self.configs(gamma, topk, threshold, vocab, quant)
-        copy = given(CopyConfig(), kappa=kappa or (self.probe.kappa if self.probe else None), width=width or self.width)
+        copy = given(CopyConfig(), kappa=kappa or (self.probe.kappa if self.probe else None), width=width or self.width,
+                     rows=rows)
         copier, neural = switchsd.make_drafters(
             kind, self.model, copy=copy, sps=sps, eagle=eagle, head=self.head if fam == "eagle3" else None,
             draft=self.draft(sps.quant) if fam == "sps" else None)
@@ -931,7 +932,8 @@ def bench_kernels(a):
     other = not s.model.exact
     name = "exact" if other else "fast"
     methods = [(f"AR {name}", "AR", {"exact": other}), "SwitchSD[SPS]",
-               (f"SwitchSD[SPS] {name}", "SwitchSD[SPS]", {"exact": other})]
+               (f"SwitchSD[SPS] {name}", "SwitchSD[SPS]", {"exact": other}),
+               (f"SwitchSD[SPS] {name}, uncut copy trees", "SwitchSD[SPS]", {"exact": other, "rows": switchsd.MAX_TREE})]
     res = side_by_side(s, methods, a.tasks, a.prompts, a.tokens, repeats=a.repeats)
     save(res, Path(a.out or "runs") / f"kernels_{Path(a.model).name}",
          f"# Kernels: {'exact' if s.model.exact else 'fast'} (the default in {dtype_name(s.dtype)}) against {name}, "

@@ -52,13 +52,16 @@ class Tree:
         return cls([root, *tokens], list(range(-1, n)), [None, *(q or [None] * n)])
 
     @classmethod
-    def trie(cls, root: int, candidates) -> "Tree":
-        """Merge candidates that share a prefix, keeping their order among siblings."""
+    def trie(cls, root: int, candidates, size: int = 1 << 30) -> "Tree":
+        """Merge candidates that share a prefix, keeping their order among siblings; a
+        candidate that would take the tree past `size` nodes is cut where it would."""
         tree, child = cls([root]), {}  # child[(parent, token)] -> node
         for cand in candidates:
             node = 0
             for tok in cand:
                 if (node, tok) not in child:
+                    if len(tree.tokens) >= size:
+                        break
                     child[node, tok] = len(tree.tokens)
                     tree.tokens.append(tok)
                     tree.parents.append(node)
@@ -67,13 +70,19 @@ class Tree:
         return tree
 
     def grow(self, node: int, token: int, q=None, leaves=()) -> int:
-        """Hang a drafted token under node, and beside it, as leaves, runners-up the
-        drafter ranked next (greedy only: q is None for them). Returns the token's node."""
-        for t, qt in [(token, q), *((t, None) for t in leaves)]:
+        """Extend the first branch, whose last node is `node`, by a drafted token, and hang
+        beside it, as leaves, runners-up the drafter ranked next (greedy only: q is None for
+        them). Returns the token's node. The branch stays at the front, leaves after it, so
+        that every row's ancestors sit where a chain's would (llama.exact_layout)."""
+        i = node + 1  # nodes from i on are leaves: shifting them moves no one's parent
+        self.tokens.insert(i, token)
+        self.parents.insert(i, node)
+        self.q.insert(i, q)
+        for t in leaves:
             self.tokens.append(t)
             self.parents.append(node)
-            self.q.append(qt)
-        return len(self.tokens) - 1 - len(leaves)
+            self.q.append(None)
+        return i
 
     def __len__(self):
         return len(self.tokens)
@@ -157,6 +166,10 @@ class CopyConfig:
     kappa: int = data.KAPPA  # the kappa-gram ending at the current token must have occurred before
     width: int = 4  # W: candidates verified together in one pass
     depth: int = 20  # D: tokens per candidate, at most
+    rows: int = llama.EXACT_TILE  # the pass's tokens (root included), at most: later candidates are cut
+    # to fit. Up to 32 rows a pass costs about one step with either kernel set; past that the
+    # exact kernels read the weights once more per 32 rows (docs/performance.md), and a wider
+    # tree's later candidates are rarely the accepted one (docs/results.md, the copy path's width).
 
 
 class CopyDrafter:
@@ -168,7 +181,7 @@ class CopyDrafter:
     """
 
     def __init__(self, cfg: CopyConfig = CopyConfig()):
-        self.kappa, self.width, self.depth = cfg.kappa, cfg.width, cfg.depth
+        self.kappa, self.width, self.depth, self.rows = cfg.kappa, cfg.width, cfg.depth, cfg.rows
         self.reset()
 
     def reset(self, max_len: int = 0):
@@ -203,7 +216,8 @@ class CopyDrafter:
         return best
 
     def propose(self, ctx, depth: int):
-        """A trie of up to W distinct continuations of length <= min(D, depth), or None."""
+        """A trie of up to W distinct continuations of length <= min(D, depth), cut to `rows`
+        tokens, or None."""
         cands = []
         for e in reversed(self._occurrences(ctx)[-8 * self.width - 1:-1]):  # recent first, bounded
             cand = ctx[e + 1:e + 1 + min(self.depth, depth)]
@@ -211,7 +225,7 @@ class CopyDrafter:
                 cands.append(cand)
                 if len(cands) == self.width:
                     break
-        return Tree.trie(ctx[-1], cands) if cands else None
+        return Tree.trie(ctx[-1], cands, self.rows) if cands else None
 
 
 class PromptLookup:

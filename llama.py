@@ -177,15 +177,15 @@ class Attention(nn.Module):
         if isinstance(mask, tuple):  # exact kernels: exact_layout's (bias, kept, moves), from Model.forward
             bias, kept, moves = mask
             Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
-            if kept is None:  # every row's tokens sit where a chain's would
-                y = exact_attention(q, Kc, Vc, bias)
+            if kept is None:  # every row's ancestors sit where a chain's would
+                y = exact_attention(q, k, v, Kc, Vc, bias)
             else:  # those rows now, the others below (each row is computed as if alone)
                 y = q.new_empty(T, self.H * self.D)
-                y[kept] = exact_attention(q[kept], Kc, Vc, bias[kept])
+                y[kept] = exact_attention(q[kept], k[kept], v[kept], Kc, Vc, bias[kept])
             kn, vn = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, T, D): the pass's own, not the cache's
             for path, rows, path_bias in moves:  # the other rows: their path moved to a chain's slots
                 Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = kn[:, path], vn[:, path]
-                y[rows] = exact_attention(q[rows], Kc, Vc, path_bias)
+                y[rows] = exact_attention(q[rows], k[rows], v[rows], Kc, Vc, path_bias)
             if moves:  # put the pass's own keys and values back, for KVCache.keep
                 Kc[:, n:n + T], Vc[:, n:n + T] = kn, vn
             return self.o_proj(y)
@@ -198,21 +198,24 @@ class Attention(nn.Module):
 def exact_layout(mask, T: int, n: int, L: int, device):
     """What exact_attention needs for a pass of T tokens after n cached ones: (bias, kept, moves).
 
-    bias (T, L): 0 where a row may attend, -inf elsewhere, over every slot of the cache. A
-    row's reduction runs over slots, so it equals its one-token step only if the tokens it
-    sees sit where they would in a chain: slots n, n+1, ... in order. A chain's rows and a
-    tree's first branch do; every other row is recomputed with its root-to-node path moved
-    to those slots: moves lists (path, rows, bias) per deepest such path, path being the
-    path's new-token indices in order and rows the not-yet-recomputed rows on it. kept: the
-    rows computed in place (None: all of them).
+    bias (T, L): 0 where a row attends in the cache, -inf elsewhere, over every slot; a row's
+    own key is not among them (exact_attention adds it apart). A row's reduction runs over
+    slots, so it equals its one-token step only if the ancestors it sees sit where they would
+    in a chain: slots n, n+1, ... in order. A chain's rows do, and so does every row hanging
+    off a tree's first branch when that branch comes first (a drafter's runner-up leaves,
+    drafters.Tree.grow). Every other row is recomputed with its root-to-node path moved to
+    those slots: moves lists (path, rows, bias) per deepest such path, path being the path's
+    new-token indices in order and rows the not-yet-recomputed rows on it. kept: the rows
+    computed in place (None: all of them).
     """
+    if mask is None:  # one token, or a chain
+        mask = torch.ones(T, n + T, dtype=torch.bool, device=device).tril(n)
+    anc = mask[:, n:].cpu() & ~torch.eye(T, dtype=torch.bool)  # (T, T): row i's ancestors in the pass
     bias = torch.full((T, L), float("-inf"), device=device)
-    bias[:, :n + T] = 0.0 if mask is None else torch.where(mask, 0.0, float("-inf"))
-    if mask is None or T == 1:
-        return bias, None, []
-    seen = mask[:, n:].cpu()  # (T, T): row i sees its ancestors and itself
-    depth = seen.sum(1)
-    moved = ~(seen == (torch.arange(T)[None, :] < depth[:, None])).all(1)
+    bias[:, :n + T] = torch.where(mask, 0.0, float("-inf"))
+    bias[:, n:n + T].fill_diagonal_(float("-inf"))
+    depth = anc.sum(1)
+    moved = ~(anc == (torch.arange(T)[None, :] < depth[:, None])).all(1)
     if not moved.any():
         return bias, None, []
     kept = torch.nonzero(~moved)[:, 0].to(device)
@@ -220,37 +223,41 @@ def exact_layout(mask, T: int, n: int, L: int, device):
     for i in sorted(todo, key=lambda i: -int(depth[i])):
         if i not in todo:
             continue
-        path = torch.nonzero(seen[i])[:, 0].tolist()
+        path = torch.nonzero(anc[i])[:, 0].tolist() + [i]
         rows = [j for j in path if j in todo]
         todo -= set(rows)
         b = torch.full((len(rows), L), float("-inf"), device=device)
         b[:, :n] = bias[rows, :n]  # the cached slots each row may see, as its mask says
         for r, j in enumerate(rows):
-            b[r, n:n + path.index(j) + 1] = 0.0
+            b[r, n:n + path.index(j)] = 0.0  # its ancestors, moved; itself comes apart
         moves.append((torch.tensor(path, device=device), torch.tensor(rows, device=device), b))
     return bias, kept, moves
 
 
-def exact_attention(q, K, V, bias):
+def exact_attention(q, k, v, K, V, bias):
     """Attention whose every query row is computed as it would be alone (batch-invariant).
 
-    q: (T, H, D); K, V: (Hkv, L, D), all L slots of the preallocated cache; bias: (T, L),
-    0 where row i may attend, -inf elsewhere. A fused kernel reduces a row over the keys of
-    its own pass, in blocks that depend on T, so a token verified among others gets other
-    roundings than in a one-token step. Here every row reduces over the same L slots in the
-    same order whatever T is (masked slots add exact zeros), and both products run in tiles
-    of rows (tiled). A row equals its one-token step when its pass puts the tokens it sees
-    in the same slots: a chain, or the first branch of a tree (docs/performance.md).
+    q: (T, H, D) and the rows' own k, v: (T, Hkv, D); K, V: (Hkv, L, D), all L slots of the
+    preallocated cache; bias: (T, L), 0 where row i attends in the cache, -inf elsewhere.
+    A fused kernel reduces a row over the keys of its own pass, in blocks that depend on T, so
+    a token verified among others gets other roundings than in a one-token step. Here every
+    row reduces over the same L slots in the same order whatever T is (masked slots add exact
+    zeros), both products run in tiles of rows (tiled), and a row's own key and value come
+    as one column apart, after the L slots: a runner-up leaf then needs no slot of its own. A
+    row equals its one-token step when its ancestors sit in the slots a chain's would (exact_layout).
     """
     T, H, D = q.shape
     Hkv, L, _ = K.shape
     G, M = H // Hkv, T * H // Hkv  # query heads per kv head; rows per kv head
-    q = q.view(T, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, M, D)  # head h reads kv head h // G
-    s = tiled(lambda c: c @ K.transpose(1, 2), q).float() * D ** -0.5  # (Hkv, M, L)
-    s = s.view(Hkv, T, G, L) + bias[None, :, None, :]
-    p = torch.softmax(s, dim=-1).to(V.dtype).view(Hkv, M, L)
-    y = tiled(lambda c: c @ V, p)  # (Hkv, M, D)
-    return y.view(Hkv, T, G, D).permute(1, 0, 2, 3).reshape(T, H * D)
+    qg = q.view(T, Hkv, G, D)
+    s = tiled(lambda c: c @ K.transpose(1, 2), qg.permute(1, 0, 2, 3).reshape(Hkv, M, D))  # (Hkv, M, L)
+    own = (qg.float() * k[:, :, None].float()).sum(-1).to(q.dtype)  # (T, Hkv, G): q . k of the row itself
+    s = torch.cat([s.view(Hkv, T, G, L), own.permute(1, 0, 2)[..., None]], dim=-1).float() * D ** -0.5
+    s[..., :L] += bias[None, :, None, :]
+    p = torch.softmax(s, dim=-1).to(V.dtype)  # (Hkv, T, G, L + 1)
+    y = tiled(lambda c: c @ V, p[..., :L].reshape(Hkv, M, L)).view(Hkv, T, G, D)
+    y = y + p[..., L:] * v.transpose(0, 1)[:, :, None]  # the row's own value, weighted
+    return y.permute(1, 0, 2, 3).reshape(T, H * D)
 
 
 class MLP(nn.Module):

@@ -594,6 +594,8 @@ def parse_args(argv=None):
                     f"(default: the probe's, else {C.kappa})")
     ap.add_argument("--copy-width", type=int, default=C.width, help="W: candidates verified per copy step")
     ap.add_argument("--copy-depth", type=int, default=C.depth, help="D: longest copied candidate")
+    ap.add_argument("--copy-rows", type=int, default=C.rows,
+                    help="most tokens in a copy step's pass; later candidates are cut to fit (default: %(default)s)")
     ap.add_argument("--draft-model", help="SPS draft model (HF folder or demo name), same tokenizer")
     ap.add_argument("--eagle", help="EAGLE-3 head folder (official checkpoint layout)")
     ap.add_argument("--gamma", type=int, help=f"most tokens per neural draft (default: {S.gamma} for SPS, "
@@ -651,8 +653,8 @@ def check_args(a):
     need(a.copy_kappa is None or a.copy_kappa >= 1, "--copy-kappa", a.copy_kappa, ">= 1")
     need(a.copy_width >= 1, "--copy-width", a.copy_width, ">= 1")
     need(a.copy_depth >= 1, "--copy-depth", a.copy_depth, ">= 1")
-    need(a.copy_width * a.copy_depth < MAX_TREE, "--copy-width x --copy-depth", a.copy_width * a.copy_depth,
-         f"< {MAX_TREE} (tokens one verification pass may carry)")
+    need(2 <= a.copy_rows <= MAX_TREE, "--copy-rows", a.copy_rows, f"in [2, {MAX_TREE}] (tokens one "
+         "verification pass may carry)")
     need(a.gamma is None or a.gamma >= 1, "--gamma", a.gamma, ">= 1")
     need(a.topk is None or a.topk >= 1, "--topk", a.topk, ">= 1")
     gamma, topk = a.gamma or SPSConfig.gamma, a.topk or SPSConfig.topk
@@ -682,7 +684,7 @@ def build(a):
                                     "(python probe.py train makes one)")
         probe = Probe.load(path, model)
     kappa = a.copy_kappa if a.copy_kappa is not None else probe.kappa if probe else None
-    copy = given(CopyConfig(), kappa=kappa, width=a.copy_width, depth=a.copy_depth)
+    copy = given(CopyConfig(), kappa=kappa, width=a.copy_width, depth=a.copy_depth, rows=a.copy_rows)
     neural = dict(gamma=a.gamma, threshold=a.draft_threshold, topk=a.topk)
     draft = load_draft(resolve(a.draft_model), model, tok, dtype, a.device, a.draft_quant) if a.draft_model else None
     head = Eagle3Head.load(a.eagle, model) if a.eagle else None

@@ -438,23 +438,22 @@ def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
         for W, D, b in ((2, 3, 0), (4, 5, 3), (3, 9, 1), (3, 4, 2)):  # the true continuation is branch b
             cands = [torch.randint(0, 256, (D,), generator=g).tolist() for _ in range(W - 1)]
             cands.insert(b, ids[n + 1:n + 1 + D])
-            tree = Tree([ids[n]])
-            for c in cands:
-                node = 0
-                for t in c:
-                    node = tree.grow(node, t)
+            tree = Tree.trie(ids[n], cands)
+            assert len(tree) == 1 + W * D  # (no shared prefix: the rows below are branch b's)
             cache.truncate(n)
             mask, pos = llama.tree_mask(tree.parents, n)
             logits = model(torch.tensor(tree.tokens), pos, mask, cache)[0]
             rows = [0] + list(range(1 + b * D, 1 + (b + 1) * D))  # the root, then branch b
             assert all(torch.equal(logits[r], alone[j]) for j, r in enumerate(rows)), (arch, dtype, W, D)
-        # a drafter's chain with runner-up leaves at every depth: its nodes are not contiguous
-        tree, node, chain, leaves = Tree([ids[n]]), 0, [0], []
+        # a drafter's chain with runner-up leaves at every depth
+        tree, node, chain = Tree([ids[n]]), 0, [0]
         for j in range(1, 9):
             extra = [int(x) for x in torch.randint(0, 256, (j % 3,), generator=g)]
             node = tree.grow(node, ids[n + j], None, extra)
             chain.append(node)
-            leaves += [(j, node + 1 + e, t) for e, t in enumerate(extra)]  # (depth, row, token)
+        leaves = [(chain.index(tree.parents[r]) + 1, r, tree.tokens[r])  # (depth, row, token)
+                  for r in range(len(tree)) if r not in chain]
+        assert len(leaves) == sum(j % 3 for j in range(1, 9))
         cache.truncate(n)
         mask, pos = llama.tree_mask(tree.parents, n)
         logits = model(torch.tensor(tree.tokens), pos, mask, cache)[0]
@@ -739,6 +738,17 @@ def test_match_at_the_very_end_of_the_context():
     ctx = [5, 6, 7, 8, 5, 6, 7]  # the earlier occurrence's continuation runs into the present
     assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 20).paths() == [[8, 5, 6, 7]]
     assert CopyDrafter(CopyConfig(3, 4, 20)).propose(ctx, 2).tokens == [7, 8, 5]  # cut to the budget
+
+
+def test_copy_tree_is_cut_to_its_rows():
+    # three candidates after the 2-gram (1, 2), most recent first: 7s, then 5s, then 6s
+    ctx = [1, 2, *[6] * 8, 0, 1, 2, *[5] * 8, 0, 1, 2, *[7] * 8, 0, 1, 2]
+    whole = CopyDrafter(CopyConfig(kappa=2, width=3, depth=6, rows=100)).propose(ctx, 6)
+    assert whole.paths() == [[7] * 6, [5] * 6, [6] * 6] and len(whole) == 19
+    cut = CopyDrafter(CopyConfig(kappa=2, width=3, depth=6, rows=10)).propose(ctx, 6)
+    assert len(cut) == 10 and cut.paths() == [[7] * 6, [5] * 3]  # the first whole, the second cut, no third
+    shared = Tree.trie(0, [[1, 2, 3], [1, 2, 4], [1, 5]], size=4)
+    assert shared.paths() == [[1, 2, 3]]  # a shared prefix takes no room; [1, 2, 4] finds none left
 
 
 def test_pld_and_copyspec_follow_their_papers():
@@ -1369,7 +1379,7 @@ def test_cli_end_to_end(tiny):
     (["--gamma", "0"], "--gamma 0: must be >= 1"),
     (["--gamma", "300", "--topk", "4"], "--gamma x --topk 1200: must be < 512"),
     (["--copy-kappa", "0"], "--copy-kappa 0: must be >= 1"),
-    (["--copy-width", "30", "--copy-depth", "20"], "--copy-width x --copy-depth 600: must be < 512"),
+    (["--copy-rows", "600"], "--copy-rows 600: must be in [2, 512]"),
     (["--draft-vocab", "-1"], "--draft-vocab -1: must be >= 0"),
     (["--draft-threshold", "1"], "--draft-threshold 1.0: must be in [0, 1)"),
     (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
