@@ -606,7 +606,7 @@ def bench_copy(a):
     res = side_by_side(s, [(f"copy W={w}", "copy", {"width": w}) for w in a.widths], a.tasks, a.prompts, a.tokens,
                        repeats=a.repeats)
     save(res, f"runs/copy_width_{Path(a.model).name}",
-         f"# W sweep of the copy path (kappa 5, D 20), {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, "
+         f"# W sweep of the copy path (kappa 5, D {CopyConfig.depth}, at most {CopyConfig.rows} rows), {a.model}\n\n{time.strftime('%Y-%m-%d')}, {machine()}, "
          f"{dtype_name(s.dtype)}, greedy, {a.prompts} prompts per task, {a.tokens} new tokens.\n"
          f"Command: python bench.py {' '.join(sys.argv[1:])}")
 
@@ -755,7 +755,8 @@ def bench_table1(a):
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {dtype_name(s.dtype)}, "
                 f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
-                f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D 20, "
+                f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D {CopyConfig.depth}, "
+                f"at most {CopyConfig.rows} rows; "
                 f"SPS: {opts(sps)}, draft weights {s.quant}, draft vocabulary ids < "
                 f"{sps.vocab} and the context's; EAGLE-3: {opts(eagle3)}; each method's fastest of {a.repeats} interleaved "
                 f"round(s) per prompt; 'after the first step': the speedup in tokens/s once the first tokens are out "
@@ -874,6 +875,19 @@ def bench_probe_cost(a):
           f"share {100 * cost / step:.4f}%")
 
 
+SHAPES = {  # T tokens as a verification pass may carry them: their parents (drafters.Tree)
+    "chain": lambda T: list(range(-1, T - 1)),  # PLD, a single copy candidate
+    "leaves": lambda T: list(range(-1, (T + 1) // 2 - 1)) + list(range(T // 2)),  # a drafter's chain, runners-up
+    "trie": lambda T: trie_parents(T, (T - 1) // 3),  # two copy candidates, the second a third of them
+}
+
+
+def trie_parents(T: int, b: int) -> list[int]:
+    """A root with two branches, of T - 1 - b and b tokens."""
+    a = T - 1 - b
+    return list(range(-1, a)) + ([0] + list(range(a + 1, T - 1)) if b else [])
+
+
 def bench_passes(a):
     """What one forward costs by the number of new tokens it carries, after a context of
     --context tokens: the economics behind every speculative method on this machine."""
@@ -894,7 +908,7 @@ def bench_passes(a):
             for T in a.widths:
                 times = []
                 for _ in range(a.repeats + 1):  # the first run warms up
-                    mask, pos = llama.causal_mask(T, a.context)
+                    mask, pos = llama.tree_mask(SHAPES[a.shape](T), a.context)
                     t = time.perf_counter()
                     model(ids[a.context:a.context + T], pos, mask, cache)
                     times.append(time.perf_counter() - t)
@@ -920,7 +934,7 @@ def bench_passes(a):
                   "|---" * (len(a.vocabs) + 1) + "|"]
         lines += [f"| {Path(n).name} | " + " | ".join(f"{vocab[n, N]:.0f} ms ({vocab[n, N] / vocab[n, a.vocabs[0]]:.2f}x)"
                                                      for N in a.vocabs) + " |" for n in dict.fromkeys(n for n, _ in vocab)]
-    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {'/'.join(dtype_name(switchsd.dtype_of(d)) for d in a.dtypes)}, context {a.context} tokens, median of "
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {'/'.join(dtype_name(switchsd.dtype_of(d)) for d in a.dtypes)}, {a.shape}s, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 
@@ -1096,6 +1110,8 @@ def main():
                    help="the dtypes to time each model in (int8: of its activations)")
     p.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "fast", "exact"],
                    help="the target's kernels (llama.Model.from_pretrained's exact; auto: the dtype's default)")
+    p.add_argument("--shape", default="chain", choices=list(SHAPES),
+                   help="how a pass's T tokens hang together (default: %(default)s)")
     p = sub.add_parser("kernels", help="AR and SwitchSD[SPS] with exact against fast kernels")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
