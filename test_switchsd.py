@@ -1564,6 +1564,24 @@ def test_probe_eval_command(tiny, tmp_path):
 # bench.py
 # ---------------------------------------------------------------------------------------
 
+def test_bench_pass_shapes_are_what_they_say():
+    """`bench.py passes --shape`: T tokens as a chain, a drafter's chain with runner-up leaves,
+    and a trie of two copy candidates; each a valid Tree (a parent before its child)."""
+    import bench
+    for T in range(1, 40):
+        for name, shape in bench.SHAPES.items():
+            parents = shape(T)
+            assert len(parents) == T and parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents[1:], 1))
+        children = lambda ps: [sum(p == i for p in ps) for i in range(len(ps))]
+        assert bench.SHAPES["chain"](T) == list(range(-1, T - 1))
+        leaves = bench.SHAPES["leaves"](T)  # a chain of (T + 1) // 2 at the front, every other node a leaf
+        c = (T + 1) // 2
+        assert leaves[:c] == list(range(-1, c - 1)) and all(p < c for p in leaves[c:]) and max(children(leaves)) <= 2
+        trie = bench.SHAPES["trie"](T)  # the root has two children once there is a second branch
+        assert children(trie)[0] == (2 if (T - 1) // 3 else min(1, T - 1)) and max(children(trie)[1:], default=0) <= 1
+    assert llama.tree_mask(bench.SHAPES["leaves"](5), 0)[1].tolist() == [0, 1, 2, 1, 2]  # leaves sit at their depth
+
+
 def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     """With --repeats, a method's time on a prompt is its fastest round, and its speedup is
     taken against AR's fastest round: load from other tenants only adds time. The speedup
