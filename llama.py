@@ -208,12 +208,13 @@ def exact_layout(mask, T: int, n: int, L: int, device):
     new-token indices in order and rows the not-yet-recomputed rows on it. kept: the rows
     computed in place (None: all of them).
     """
-    if mask is None:  # one token, or a chain
-        mask = torch.ones(T, n + T, dtype=torch.bool, device=device).tril(n)
-    anc = mask[:, n:].cpu() & ~torch.eye(T, dtype=torch.bool)  # (T, T): row i's ancestors in the pass
     bias = torch.full((T, L), float("-inf"), device=device)
+    if mask is None:  # one token (causal_mask): its ancestors are all cached
+        bias[:, :n] = 0.0
+        return bias, None, []
     bias[:, :n + T] = torch.where(mask, 0.0, float("-inf"))
     bias[:, n:n + T].fill_diagonal_(float("-inf"))
+    anc = mask[:, n:].cpu() & ~torch.eye(T, dtype=torch.bool)  # (T, T): row i's ancestors in the pass
     depth = anc.sum(1)
     moved = ~(anc == (torch.arange(T)[None, :] < depth[:, None])).all(1)
     if not moved.any():
