@@ -934,7 +934,7 @@ def bench_passes(a):
                   "|---" * (len(a.vocabs) + 1) + "|"]
         lines += [f"| {Path(n).name} | " + " | ".join(f"{vocab[n, N]:.0f} ms ({vocab[n, N] / vocab[n, a.vocabs[0]]:.2f}x)"
                                                      for N in a.vocabs) + " |" for n in dict.fromkeys(n for n, _ in vocab)]
-    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {'/'.join(dtype_name(switchsd.dtype_of(d)) for d in a.dtypes)}, {a.shape}s, context {a.context} tokens, median of "
+    lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {'/'.join(dtype_name(switchsd.dtype_of(d)) for d in a.dtypes)}, {a.shape} passes, context {a.context} tokens, median of "
                  f"{a.repeats}. Command: python bench.py {' '.join(sys.argv[1:])}")
     write_md("runs/bench_passes.md", "\n".join(lines) + "\n")
 

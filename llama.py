@@ -174,19 +174,19 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # (T, H, D)
         k = k * cos + rotate_half(k) * sin  # (T, Hkv, D)
         K, V = cache.write(layer, k.transpose(0, 1), v.transpose(0, 1))  # (Hkv, n+T, D)
-        if isinstance(mask, tuple):  # exact kernels: exact_layout's (bias, kept, moves), from Model.forward
-            bias, kept, moves = mask
+        if isinstance(mask, list):  # exact kernels: exact_layout's calls, from Model.forward
             Kc, Vc, n = cache.k[layer], cache.v[layer], cache.n
-            if kept is None:  # every row's ancestors sit where a chain's would
-                y = exact_attention(q, k, v, Kc, Vc, bias)
-            else:  # those rows now, the others below (each row is computed as if alone)
-                y = q.new_empty(T, self.H * self.D)
-                y[kept] = exact_attention(q[kept], k[kept], v[kept], Kc, Vc, bias[kept])
-            kn, vn = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, T, D): the pass's own, not the cache's
-            for path, rows, path_bias in moves:  # the other rows: their path moved to a chain's slots
-                Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = kn[:, path], vn[:, path]
-                y[rows] = exact_attention(q[rows], k[rows], v[rows], Kc, Vc, path_bias)
-            if moves:  # put the pass's own keys and values back, for KVCache.keep
+            kn, vn = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, T, D): the pass's own, as written
+            y, moved = q.new_empty(T, self.H * self.D), None
+            for rows, path, bias in mask:
+                if path is not None and path is not moved:  # a path's keys to the slots a chain's take
+                    Kc[:, n:n + len(path)], Vc[:, n:n + len(path)] = kn[:, path], vn[:, path]
+                    moved = path
+                W = bias.shape[1]  # the rows' key window; contiguous, or bmm copies it once per tile
+                K, V = Kc[:, :W].contiguous(), Vc[:, :W].contiguous()
+                r = slice(None) if rows is None else rows
+                y[r] = exact_attention(q[r], k[r], v[r], K, V, bias)
+            if moved is not None:  # the pass's own keys and values back, for KVCache.keep
                 Kc[:, n:n + T], Vc[:, n:n + T] = kn, vn
             return self.o_proj(y)
         # A leading batch dimension of 1 lets torch pick its fused CPU kernel (~4x faster).
@@ -196,32 +196,32 @@ class Attention(nn.Module):
 
 
 def exact_layout(mask, T: int, n: int, L: int, device):
-    """What exact_attention needs for a pass of T tokens after n cached ones: (bias, kept, moves).
+    """How exact_attention computes a pass of T tokens after n cached ones: a list of calls
+    (rows, path, bias), each for some of the pass's rows (rows None: all of them).
 
-    bias (T, L): 0 where a row attends in the cache, -inf elsewhere, over every slot; a row's
-    own key is not among them (exact_attention adds it apart). A row's reduction runs over
-    slots, so it equals its one-token step only if the ancestors it sees sit where they would
-    in a chain: slots n, n+1, ... in order. A chain's rows do, and so does every row hanging
-    off a tree's first branch when that branch comes first (a drafter's runner-up leaves,
-    drafters.Tree.grow). Every other row is recomputed with its root-to-node path moved to
-    those slots: moves lists (path, rows, bias) per deepest such path, path being the path's
-    new-token indices in order and rows the not-yet-recomputed rows on it. kept: the rows
-    computed in place (None: all of them).
+    A row's reduction runs over cache slots, so it equals its one-token step only if (1) it
+    runs over the same slots, its key window (key_window: a function of its position alone),
+    and (2) the ancestors it sees sit where they would in a chain: slots n, n+1, ... in order.
+    A chain's rows do, and so does every row hanging off a tree's first branch when that
+    branch comes first (a drafter's runner-up leaves, drafters.Tree.grow). Every other row is
+    computed with its root-to-node path first moved to those slots: `path` lists the path's
+    new-token indices in order (None: nothing moves). bias (len(rows), W): 0 where a row
+    attends among the W slots of its window, -inf elsewhere; a row's own key is not among
+    them (exact_attention adds it apart).
     """
     bias = torch.full((T, L), float("-inf"), device=device)
     if mask is None:  # one token (causal_mask): its ancestors are all cached
         bias[:, :n] = 0.0
-        return bias, None, []
+        return [(None, None, bias[:, :key_window(n, L)])]
     bias[:, :n + T] = torch.where(mask, 0.0, float("-inf"))
     bias[:, n:n + T].fill_diagonal_(float("-inf"))
     anc = mask[:, n:].cpu() & ~torch.eye(T, dtype=torch.bool)  # (T, T): row i's ancestors in the pass
-    depth = anc.sum(1)
-    moved = ~(anc == (torch.arange(T)[None, :] < depth[:, None])).all(1)
-    if not moved.any():
-        return bias, None, []
-    kept = torch.nonzero(~moved)[:, 0].to(device)
-    todo, moves = set(torch.nonzero(moved)[:, 0].tolist()), []
-    for i in sorted(todo, key=lambda i: -int(depth[i])):
+    depth = anc.sum(1).tolist()
+    moved = ~(anc == (torch.arange(T)[None, :] < torch.tensor(depth)[:, None])).all(1)
+    kept = torch.nonzero(~moved)[:, 0].tolist()
+    calls = by_window(kept, None, bias[kept], [n + depth[i] for i in kept], L, T)
+    todo = set(torch.nonzero(moved)[:, 0].tolist())
+    for i in sorted(todo, key=lambda i: -depth[i]):  # one path per deepest row not yet done
         if i not in todo:
             continue
         path = torch.nonzero(anc[i])[:, 0].tolist() + [i]
@@ -231,33 +231,53 @@ def exact_layout(mask, T: int, n: int, L: int, device):
         b[:, :n] = bias[rows, :n]  # the cached slots each row may see, as its mask says
         for r, j in enumerate(rows):
             b[r, n:n + path.index(j)] = 0.0  # its ancestors, moved; itself comes apart
-        moves.append((torch.tensor(path, device=device), torch.tensor(rows, device=device), b))
-    return bias, kept, moves
+        calls += by_window(rows, torch.tensor(path, device=device), b, [n + depth[j] for j in rows], L, T)
+    return calls
+
+
+def by_window(rows, path, bias, seen, L: int, T: int):
+    """exact_layout's calls for `rows` (their bias rows in `bias`, seen[r] cached slots before
+    row r): one per key window, bias cut to it."""
+    windows = [key_window(s, L) for s in seen]
+    calls = []
+    for W in sorted(set(windows)):
+        pick = [r for r, w in enumerate(windows) if w == W]
+        ids = None if len(pick) == T else torch.tensor([rows[r] for r in pick], device=bias.device)
+        calls.append((ids, path, bias[pick, :W]))
+    return calls
+
+
+def key_window(seen: int, L: int) -> int:
+    """The cache slots a row reduces over when `seen` slots precede it: a whole number of
+    EXACT_KEYS blocks (at most L). A function of the row's position alone, so a row in a
+    pass and its one-token step reduce over the same slots, yet neither over all L."""
+    return min(-(-max(seen, 1) // EXACT_KEYS) * EXACT_KEYS, L)
 
 
 def exact_attention(q, k, v, K, V, bias):
     """Attention whose every query row is computed as it would be alone (batch-invariant).
 
-    q: (T, H, D) and the rows' own k, v: (T, Hkv, D); K, V: (Hkv, L, D), all L slots of the
-    preallocated cache; bias: (T, L), 0 where row i attends in the cache, -inf elsewhere.
-    A fused kernel reduces a row over the keys of its own pass, in blocks that depend on T, so
-    a token verified among others gets other roundings than in a one-token step. Here every
-    row reduces over the same L slots in the same order whatever T is (masked slots add exact
-    zeros), both products run in tiles of rows (tiled), and a row's own key and value come
-    as one column apart, after the L slots: a runner-up leaf then needs no slot of its own. A
-    row equals its one-token step when its ancestors sit in the slots a chain's would (exact_layout).
+    q: (T, H, D) and the rows' own k, v: (T, Hkv, D); K, V: (Hkv, W, D), the slots of the
+    rows' key window; bias: (T, W), 0 where row i attends, -inf elsewhere. A fused kernel
+    reduces a row over the keys of its own pass, in blocks that depend on T, so a token
+    verified among others gets other roundings than in a one-token step. Here every row
+    reduces over the W slots in one order whatever T is (masked slots add exact zeros), both
+    products run in tiles of rows (tiled), and a row's own key and value come as one column
+    apart, after the W slots: a runner-up leaf then needs no slot of its own. exact_layout
+    picks the window and the slots, so that a row equals its one-token step.
     """
     T, H, D = q.shape
-    Hkv, L, _ = K.shape
+    Hkv, W, _ = K.shape
     G, M = H // Hkv, T * H // Hkv  # query heads per kv head; rows per kv head
-    qg = q.view(T, Hkv, G, D)
-    s = tiled(lambda c: c @ K.transpose(1, 2), qg.permute(1, 0, 2, 3).reshape(Hkv, M, D))  # (Hkv, M, L)
-    own = (qg.float() * k[:, :, None].float()).sum(-1).to(q.dtype)  # (T, Hkv, G): q . k of the row itself
-    s = torch.cat([s.view(Hkv, T, G, L), own.permute(1, 0, 2)[..., None]], dim=-1).float() * D ** -0.5
-    s[..., :L] += bias[None, :, None, :]
-    p = torch.softmax(s, dim=-1).to(V.dtype)  # (Hkv, T, G, L + 1)
-    y = tiled(lambda c: c @ V, p[..., :L].reshape(Hkv, M, L)).view(Hkv, T, G, D)
-    y = y + p[..., L:] * v.transpose(0, 1)[:, :, None]  # the row's own value, weighted
+    qg = q.view(T, Hkv, G, D).transpose(0, 1)  # (Hkv, T, G, D)
+    s = tiled(lambda c: c @ K.transpose(1, 2), qg.reshape(Hkv, M, D)).view(Hkv, T, G, W)
+    own = (qg.float() * k.transpose(0, 1)[:, :, None].float()).sum(-1, keepdim=True).to(q.dtype)
+    x = s.new_empty(Hkv, T, G, W + 1, dtype=torch.float32)  # scores: the W slots, then the row's own
+    torch.add(bias[:, None], s, alpha=D ** -0.5, out=x[..., :W])
+    torch.mul(own, D ** -0.5, out=x[..., W:])
+    p = torch.softmax(x, dim=-1).to(V.dtype)  # (Hkv, T, G, W + 1)
+    y = tiled(lambda c: c @ V, p[..., :W].reshape(Hkv, M, W)).view(Hkv, T, G, D)
+    y = torch.addcmul(y, p[..., W:], v.transpose(0, 1)[:, :, None])  # plus the row's own value, weighted
     return y.permute(1, 0, 2, 3).reshape(T, H * D)
 
 
@@ -626,6 +646,12 @@ class Tokenizer:
 # above 32 rows (docs/performance.md).
 EXACT_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
 EXACT_TILE = 32
+# Attention's key windows grow in blocks of this many slots (key_window): a product's result
+# changes with its inner length (MKL's float32 GEMM at any length, oneDNN's bf16 past ~4k
+# slots), so a row's window must not depend on its pass; in blocks, it costs a one-token
+# step half a block of masked slots on average, where the whole cache would cost it
+# max_new + the tree slack.
+EXACT_KEYS = 128
 
 
 def tiled(f, x):

@@ -413,11 +413,14 @@ def test_tiled_products_do_not_depend_on_the_row_count():
             assert torch.equal(llama.tiled(f, x[..., :M, :]), alone[..., :M, :]), M
 
 
+@pytest.mark.parametrize("keys", [8, llama.EXACT_KEYS])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_logits_do_not_depend_on_the_pass(arch, dtype, tmp_path):
+def test_logits_do_not_depend_on_the_pass(arch, dtype, keys, tmp_path, monkeypatch):
     """Batch invariance (Model.set_exact): a token's logits are bit for bit the same whether
-    the target computes it alone, in a chain of T tokens, or on any branch of a W x D tree."""
+    the target computes it alone, in a chain of T tokens, or on any branch of a W x D tree;
+    with key windows of 8 slots, a pass's rows span several windows."""
+    monkeypatch.setattr(llama, "EXACT_KEYS", keys)
     model = llama.Model.from_pretrained(make_checkpoint(tmp_path / arch, arch), dtype, exact=True)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 256, (70,), generator=g).tolist()
