@@ -348,20 +348,23 @@ def pass_seconds(model, full, at: int, sizes=ORACLE_SIZES, repeats=3):
 
 
 def oracle(setup, ids, out, prefill: float, fam) -> dict:
-    """What a perfect switch over these drafters would have done on this prompt (issue 36).
+    """What a perfect switch over these drafters would have done on this prompt (issue 36):
+    the rows "oracle", "oracle, per step" and "SwitchSD, replayed" (schedules() on
+    path_costs()). prefill: the fastest of the prompt's runs, the same work for every method."""
+    return schedules(path_costs(setup, ids, out, fam), prefill)
+
+
+def path_costs(setup, ids, out, fam) -> dict:
+    """Every path's accepted length and cost at every state of a greedy run.
 
     Greedy decoding is deterministic: whatever the drafts, the output is `out` (AR's), so at
     every state k (out[:k] emitted) each path's accepted length is its draft's agreement with
     out[k:], found without a target pass. Its cost is measured on that same state: the draft's
     own seconds (timed here) plus the verification step of its tree's size (pass_seconds).
     The paths: the copy retriever wherever its kappa-gram recurs (gate or not), PLD's lookup,
-    the neural drafter of family `fam`, a plain step. The best schedule (dynamic programming
-    over k) is the ceiling of any switching policy; "per step" picks the most tokens per second
-    at each step, as a greedy switch would. prefill: the fastest of the prompt's runs, the same
-    work for every method. The neural drafter's own prefill of the prompt (its first draft's
-    extra seconds) is charged to whichever step uses it first. "SwitchSD, replayed" runs the
-    default policy (the probe gate, then CostSwitch) on the same costs, fed the probe's scores
-    of AR's output: the policy's distance from the ceiling without the live run's timing noise."""
+    the neural drafter of family `fam`, a plain step. The neural drafter's own prefill of the
+    prompt (its first draft's extra seconds) is returned apart, as `extra`. `scores`: the
+    probe's reading at each state (of its current token, full[L + k - 1])."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
@@ -370,7 +373,7 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
     capture = (neural.capture if neural else ()) + (probe.capture,)
     with torch.inference_mode():
         feats = model.forward_sequence(full, capture, logits_at=slice(0, 0))[1]
-        scores = probe.score(feats[probe.capture][L - 1:]).tolist()  # state k's current token: full[L + k - 1]
+        scores = probe.score(feats[probe.capture][L - 1:]).tolist()
     if neural:
         neural.reset(len(full) + CopyConfig.depth)
     fed = 0  # target positions whose features the neural drafter has been given
@@ -396,20 +399,31 @@ def oracle(setup, ids, out, prefill: float, fam) -> dict:
         options.append(here)
     drafts = [c for o in options for p, _, c in o if p == "neural"]
     extra = drafts[0] - statistics.median(drafts) if len(drafts) > 1 else 0.0  # the draft's prefill (at k = 0)
-    for k, o in enumerate(options):
-        options[k] = [(p, a, c - extra if p == "neural" and k == 0 else c) for p, a, c in o]
+    options[0] = [(p, a, c - extra if p == "neural" else c) for p, a, c in options[0]]
+    return {"ids": ids, "out": out, "options": options, "scores": scores, "extra": extra, "tau": probe.tau,
+            "neural": neural is not None}
+
+
+def schedules(pc: dict, prefill: float, switch=None) -> dict:
+    """Three schedules over path_costs() `pc`, each a row of tokens/s and paths taken: the best
+    schedule ("oracle", dynamic programming over the states: the ceiling of any switching policy
+    with these drafters), the greedy choice of the most tokens per second at each step ("oracle,
+    per step"), and SwitchSD's policy (the probe gate, then `switch`, by default a new
+    CostSwitch) replayed on the same costs, fed the probe's scores of AR's output ("SwitchSD,
+    replayed"): the policy's distance from the ceiling without the live run's timing noise.
+    The neural drafter's prefill is charged to the first step that uses it."""
+    options, scores, extra, out = pc["options"], pc["scores"], pc["extra"], pc["out"]
+    full, L, n = pc["ids"] + out, len(pc["ids"]), len(out)
     cost_of = lambda o, used: o[2] + (extra if o[0] == "neural" and not used else 0.0)
     # best[u][k]: the least seconds from state k to the end, u: the neural drafter has run
     best = [[0.0] * (n + 1) for _ in range(2)]
     for k in range(n - 1, -1, -1):
         for u in (1, 0):
             best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
-    # The default policy (switchsd.choose with CostSwitch) replayed on these same costs: its
-    # distance from the oracle is the policy's alone, free of timing noise between runs.
-    switch = switchsd.CostSwitch(["lookup", "neural", "ar"] if neural else ["lookup", "ar"])
+    switch = switch or switchsd.CostSwitch(["lookup", "neural", "ar"] if pc["neural"] else ["lookup", "ar"])
 
     def replay(k, used):
-        on = scores[k] >= probe.tau
+        on = scores[k] >= pc["tau"]
         ok = {o[0]: o for o in options[k]}
         arm = "ar" if k == n - 1 else "copy" if "copy" in ok and on else switch.pick(full[:L + k], n - k - 1, on)
         return ok.get(arm, ok["ar"]), arm

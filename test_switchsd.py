@@ -1585,6 +1585,25 @@ def test_bench_pass_shapes_are_what_they_say():
     assert llama.tree_mask(bench.SHAPES["leaves"](5), 0)[1].tolist() == [0, 1, 2, 1, 2]  # leaves sit at their depth
 
 
+def test_bench_oracle_schedules_on_hand_built_costs():
+    """bench.schedules on path costs whose best schedule is known: six tokens, a plain step
+    costs 1 s; a lookup at state 0 accepts 2 (3 tokens for 1.5 s); the neural drafter accepts
+    2 at state 3 for 1 s, but its first use also pays a 2.5 s prefill. Best: lookup, then three
+    plain steps (4.5 s); the per-step greedy choice agrees; neither pays the prefill."""
+    import bench
+    ar = ("ar", 0, 1.0)
+    options = [[ar, ("lookup", 2, 1.5)], [ar], [ar], [ar, ("neural", 2, 1.0)], [ar], [ar]]
+    pc = {"ids": [1, 2], "out": [3, 4, 5, 6, 7, 8], "options": options, "scores": [0.0] * 6, "extra": 2.5,
+          "tau": 0.5, "neural": True}
+    rows = bench.schedules(pc, prefill=0.5)
+    assert rows["oracle"]["seconds"] == pytest.approx(0.5 + 4.5)
+    assert rows["oracle"]["paths"] == {"copy": 0, "lookup": 1, "neural": 0, "ar": 3}
+    assert rows["oracle, per step"]["seconds"] == pytest.approx(5.0)
+    pc["extra"] = 0.0  # a free prefill: the neural step (3 tokens for 1 s) now beats three plain steps
+    assert bench.schedules(pc, prefill=0.5)["oracle"]["seconds"] == pytest.approx(0.5 + 1.5 + 1.0)
+    assert all(r["tokens"] == 6 and r["seconds"] >= rows["oracle"]["seconds"] - 1e-9 for r in rows.values())
+
+
 def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     """With --repeats, a method's time on a prompt is its fastest round, and its speedup is
     taken against AR's fastest round: load from other tenants only adds time. The speedup
