@@ -126,15 +126,15 @@ class Setup:
         self.model = llama.Model.from_pretrained(folder, self.dtype)
         self.tok = llama.Tokenizer(folder)
         self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
-        self.draft_folder, self.quant, self.drafts = draft and resolve(draft), quant, {}
+        self.draft_folder, self.quant, self.drafts = draft and resolve(draft), switchsd.quant_of(quant), {}
         self.head = Eagle3Head.load(eagle, self.model) if eagle else None
         path = probe or switchsd.shipped_probe(model_name)
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
     def draft(self, quant=None) -> llama.Model:
-        """The SPS draft model with its weights as `quant` ("int8" or "none"; None: the Setup's),
+        """The SPS draft model with its weights as `quant` ("int8", "none" or "auto"; None: the Setup's),
         loaded on first use."""
-        quant = quant or self.quant
+        quant = switchsd.quant_of(quant or self.quant)
         if quant not in self.drafts:
             self.drafts[quant] = switchsd.load_draft(self.draft_folder, self.model, self.tok, self.dtype, "cpu", quant)
         return self.drafts[quant]
@@ -909,7 +909,8 @@ def bench_passes(a):
     vocab = {}  # (model, N) -> ms
     runs = [(n, q, d, k) for n in a.models for q in a.quants for d in a.dtypes for k in a.kernels]
     for name, quant, dtype, kernels in runs:
-        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=quant == "int8",
+        int8 = switchsd.quant_of(quant) == "int8"
+        model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=int8,
                                             exact=None if kernels == "auto" else kernels == "exact")
         name = " ".join([name] + [quant] * (len(a.quants) > 1) + [dtype] * (len(a.dtypes) > 1)
                         + [kernels] * (len(a.kernels) > 1))

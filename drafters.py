@@ -300,7 +300,7 @@ class SPSConfig:
     threshold: float = 0.7  # early stop: a drafted token with q below this ends the draft (0: never)
     topk: int = 2  # greedy: the draft's top-k per depth, runners-up verified as leaves (1: a chain)
     vocab: int = 65536  # draft among the ids below this and the context's tokens (0: all)
-    quant: str = "int8"  # the draft's weights: "int8" (llama.Int8Linear) or "none" (as the target's)
+    quant: str = "auto"  # the draft's weights: "int8" (llama.Int8Linear), "none" (as the target's), "auto" (llama.default_quant)
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,7 @@ class Eagle3Config:
     topk: int = 2  # greedy: runners-up per depth verified as leaves (1: a chain)
 
 
-QUANTS = ("int8", "none")
+QUANTS = ("auto", "int8", "none")
 
 
 class DraftModel:

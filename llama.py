@@ -670,11 +670,12 @@ class Linear(nn.Linear):
 
     Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
     (W @ x.T) were faster on one host and 5-20% slower on the next (docs/performance.md), so
-    the one kernel torch picks is the default that ages best. One case is not left to it: in float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream
-    the weights from memory once per few rows, up to five times one row's cost. Cut into blocks
-    of <= 512 KB of weights, one batched product keeps each block in the core's L2 while every row
-    uses it, so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1
-    one-token passes instead of 2.0-5.1 (docs/performance.md)."""
+    the one kernel torch picks is the default that ages best. One case is not left to it: in
+    float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream the weights
+    from memory once per few rows, up to five times one row's cost. Cut into blocks of <= 512 KB
+    of weights, one batched product keeps each block in the core's L2 while every row uses it,
+    so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1 one-token
+    passes instead of 2.0-5.1 (docs/performance.md)."""
 
     exact = False  # Model.set_exact turns it on for a model's layers
 
@@ -742,9 +743,23 @@ def default_dtype(device="cpu") -> torch.dtype:
     """bfloat16 where the hardware computes in it (CUDA; a CPU with AVX512-bf16 or AMX), else
     float32. Without native bf16 a CPU converts every weight it multiplies: a 1.5B step then
     costs as much as in float32 with half the bytes, and a verification pass of 21 tokens twice
-    float32's (docs/performance.md). torch names these CPU features only privately;
-    where it does not, assume bf16 (the common case)."""
+    float32's (docs/performance.md)."""
     if torch.device(device).type != "cpu":
         return torch.bfloat16
-    has = lambda f: getattr(torch.cpu, f, lambda: True)()
-    return torch.bfloat16 if has("_is_avx512_bf16_supported") or has("_is_amx_tile_supported") else torch.float32
+    return torch.bfloat16 if cpu_has("avx512_bf16") or cpu_has("amx_tile") else torch.float32
+
+
+def default_quant(device="cpu") -> str:
+    """A draft's weights where none are asked for: "int8" (Int8Linear) on a CPU that multiplies
+    int8 natively (VNNI, torch._int_mm's fast path), else "none" (the target's dtype). Without
+    VNNI torch._int_mm falls back to a generic loop: on an AVX2-only AMD EPYC one row of a 0.5B
+    draft's MLP product costs 2.6x float32's, 16 rows 14x, and the draft's steps cost more than
+    the target's (docs/performance.md). Off a CPU, Int8Linear converts its weights at every
+    forward, which reads more bytes than it saves."""
+    return "int8" if torch.device(device).type == "cpu" and cpu_has("vnni") else "none"
+
+
+def cpu_has(feature: str) -> bool:
+    """Whether this CPU has `feature` (torch.cpu._is_<feature>_supported). torch names these
+    only privately; where it does not, assume the common case, yes."""
+    return getattr(torch.cpu, f"_is_{feature}_supported", lambda: True)()

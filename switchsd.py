@@ -502,6 +502,11 @@ def dtype_of(name: str, device="cpu") -> torch.dtype:
     return llama.default_dtype(device) if name == "auto" else getattr(torch, name)
 
 
+def quant_of(name: str, device="cpu") -> str:
+    """A --draft-quant choice as "int8" or "none" ("auto": llama.default_quant)."""
+    return llama.default_quant(device) if name == "auto" else name
+
+
 def make_drafters(method: str, target, *, copy=CopyConfig(), draft=None, sps=SPSConfig(), head=None,
                   eagle=Eagle3Config()):
     """The drafters a method uses, (copier, neural): the one place that maps methods to drafters.
@@ -540,7 +545,8 @@ def check_same_vocab(target_tok, draft_tok, n_target: int, where: str):
 
 def load_draft(folder, target, tok, dtype, device, quant: str):
     """An SPS draft model, refused unless it shares the target's tokenizer."""
-    draft = llama.Model.from_pretrained(folder, dtype, device, int8=quant == "int8", exact=False)  # only proposes
+    draft = llama.Model.from_pretrained(folder, dtype, device, int8=quant_of(quant, device) == "int8",
+                                        exact=False)  # only proposes
     check_same_vocab(tok, llama.Tokenizer(folder), target.args.vocab_size, str(folder))
     if draft.args.vocab_size > target.args.vocab_size:
         raise ValueError(f"{folder}: vocabulary of {draft.args.vocab_size} exceeds the target's "
@@ -606,7 +612,8 @@ def parse_args(argv=None):
     ap.add_argument("--draft-vocab", type=int, default=S.vocab,
                     help="SPS: draft among the N lowest token ids and the context's tokens (0 = all)")
     ap.add_argument("--draft-quant", default=S.quant, choices=QUANTS,
-                    help="SPS: the draft model's weights, int8 or as --dtype (default: %(default)s)")
+                    help="SPS: the draft model's weights, int8 or as --dtype; auto: int8 on a CPU with VNNI "
+                    "(default: %(default)s)")
     ap.add_argument("--topk", type=int, help="greedy: the drafter's top-k at each depth, runners-up "
                     f"verified as leaves beside the chain (1 = a plain chain; default: {S.topk} for SPS, "
                     f"{E.topk} for EAGLE-3)")

@@ -632,6 +632,15 @@ def test_int8_weights(tiny, monkeypatch):
     assert (got - full_logits(model, ids)).abs().max() > 1e-3  # and the rounding did happen
 
 
+def test_draft_quant_auto_is_int8_only_where_the_cpu_multiplies_int8(monkeypatch):
+    """--draft-quant auto: int8 weights on a CPU with VNNI, the target's dtype on one without
+    (where torch._int_mm is slower than float32) and off a CPU."""
+    for vnni in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda v=vnni: v, raising=False)
+        assert switchsd.quant_of("auto") == ("int8" if vnni else "none")
+        assert switchsd.quant_of("auto", "meta") == "none" and switchsd.quant_of("int8") == "int8"
+
+
 def test_linear_blocks_few_rows_without_changing_them(tiny, monkeypatch):
     """4-15 float32 rows are multiplied by blocks of weight rows (not by F.linear, whose MKL
     path streams the weights once per few rows), with the bias where the layer has one, and
@@ -1416,7 +1425,7 @@ def test_cli_switchsd_with_probe_and_drafters(tiny, tmp_path):
             "--json", "--method", "switchsd", "--probe", str(tmp_path / "p.safetensors")]
     outs = []
     for extra in ([], ["--draft-model", str(draft)], ["--draft-model", str(draft), "--draft-quant", "none"],
-                  ["--eagle", str(eagle)]):
+                  ["--draft-model", str(draft), "--draft-quant", "int8"], ["--eagle", str(eagle)]):
         r = run_cli(*base, *extra)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
