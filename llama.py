@@ -671,7 +671,7 @@ class Linear(nn.Linear):
     Batch-1 products are plain F.linear: hand-picked kernels for one row (torch.mv) or a few
     (W @ x.T) were faster on one host and 5-20% slower on the next (docs/performance.md), so
     the one kernel torch picks is the default that ages best. One case is not left to it: in
-    float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 4-15 rows stream the weights
+    float32 on a CPU (MKL's sgemm, the path of a CPU without bf16) 2-15 rows stream the weights
     from memory once per few rows, up to five times one row's cost. Cut into blocks of <= 512 KB
     of weights, one batched product keeps each block in the core's L2 while every row uses it,
     so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1 one-token
@@ -683,7 +683,7 @@ class Linear(nn.Linear):
         T = x.shape[0]
         if self.exact:  # batch-invariant: in tiles of rows the kernel treats alike
             return tiled(super().forward, x)
-        if 3 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+        if 1 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
             O, I = self.weight.shape
             r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
             if O % r == 0:
