@@ -347,15 +347,9 @@ def pass_seconds(model, full, at: int, sizes=ORACLE_SIZES, repeats=3):
     return lambda T: float(np.interp(T, sizes, timed))
 
 
-def oracle(setup, ids, out, prefill: float, fam) -> dict:
-    """What a perfect switch over these drafters would have done on this prompt (issue 36):
-    the rows "oracle", "oracle, per step" and "SwitchSD, replayed" (schedules() on
-    path_costs()). prefill: the fastest of the prompt's runs, the same work for every method."""
-    return schedules(path_costs(setup, ids, out, fam), prefill)
-
-
 def path_costs(setup, ids, out, fam) -> dict:
-    """Every path's accepted length and cost at every state of a greedy run.
+    """Every path's accepted length and cost at every state of a greedy run: what a perfect
+    switch over these drafters could have done on this prompt (issue 36; schedules()).
 
     Greedy decoding is deterministic: whatever the drafts, the output is `out` (AR's), so at
     every state k (out[:k] emitted) each path's accepted length is its draft's agreement with
@@ -447,15 +441,16 @@ def schedules(pc: dict, prefill: float, switch=None) -> dict:
     return rows
 
 
-def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_of=None) -> dict:
+def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_of=None, paths=None) -> dict:
     """Run every method on every prompt, interleaved, AR first (the reference). A method is
     a table name ("SwitchSD[SPS]") or (label, name, kwargs of Setup.run) for sweeps.
     hf: {"HF-...": callable(ids) -> hf_generate's triple} baselines from transformers.
     repeats: run the whole interleaved round this many times per prompt and keep each method's
     fastest run. Load from other tenants only ever adds time (one CNN/DM prompt's AR took
     14.7-20.6 s in four rounds), so the minimum is the least disturbed measurement.
-    oracle_of: add the oracle switch's rows (oracle()) over this neural family ("SPS", "EAGLE3",
-    or "" for none), once per prompt after its rounds."""
+    oracle_of: add the oracle switch's rows (schedules() over path_costs()) with this neural family ("SPS", "EAGLE3",
+    or "" for none), once per prompt after its rounds; `paths`, a list, then collects each
+    prompt's path_costs() (with its task, prefill and AR's seconds) to replay policies on."""
     methods = [(m, m, {}) if isinstance(m, str) else m for m in ["AR", *methods]]
     runs = [(m, lambda ids, name=name, kw=kw: setup.run(name, ids, max_new, **kw)) for m, name, kw in methods]
     runs += list((hf or {}).items())
@@ -490,7 +485,10 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_o
                     log(f"{task} #{pi}{f' round {rep + 1}' if repeats > 1 else ''} {m}: {r['tps']:.2f} tok/s"
                         f" ({r['tps'] / best['AR']['tps']:.2f}x){steps}")
             if oracle_of is not None:
-                for m, r in oracle(setup, ids, ref, prefill, oracle_of).items():
+                pc = path_costs(setup, ids, ref, oracle_of)
+                if paths is not None:
+                    paths.append({"task": task, "prefill": prefill, "ar_seconds": best["AR"]["seconds"], **pc})
+                for m, r in schedules(pc, prefill).items():
                     log(f"{task} #{pi} {m}: {r['tps']:.2f} tok/s ({r['tps'] / best['AR']['tps']:.2f}x), {r['paths']}")
                     best[m], rounds[m], dec[m], r["agree"] = r, [round(r["tps"], 3)], None, "same"
                     per.setdefault(m, [])
@@ -761,8 +759,9 @@ def bench_table1(a):
                 d = hf_model(draft, s.dtype)
                 hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         fam = "SPS" if draft else "EAGLE3" if eagle else ""  # SwitchSD's own neural drafter
+        paths = []  # with --oracle: each prompt's path costs, to replay other policies on (schedules())
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats,
-                           oracle_of=fam if a.oracle and s.probe else None)
+                           oracle_of=fam if a.oracle and s.probe else None, paths=paths)
         name = Path(model).name
         opts = lambda c: f"gamma {c.gamma}, early stop q < {c.threshold}, top-k {c.topk}"
         sps, eagle3 = s.configs()
@@ -778,6 +777,8 @@ def bench_table1(a):
                 f"Command: python bench.py table1 {' '.join(sys.argv[2:])}")
         out = Path(a.out or "runs") / f"table1_{name}{'_quick' if a.quick else ''}"
         save(res, out, head)
+        if paths:
+            Path(f"{out}_paths.json").write_text(json.dumps(paths))
         figures.bar_chart(f"{out}.svg", [NAMES[t] for t in a.tasks],
                           {m: [res[t][m]["speedup"] for t in a.tasks] for m in res[a.tasks[0]]},
                           f"Speedup over autoregressive decoding, {name} (median over prompts)",
@@ -1087,7 +1088,8 @@ def main():
     p.add_argument("--draft-quant", default=SPSConfig.quant, choices=QUANTS,
                    help="the SPS draft's weights (default: %(default)s)")
     p.add_argument("--oracle", action="store_true",
-                   help="also the oracle switch over SwitchSD's paths, the ceiling of any policy (bench.oracle)")
+                   help="also the oracle switch over SwitchSD's paths, the ceiling of any policy (bench.schedules); "
+                   "the paths' measured costs go to <out>_paths.json")
     p.add_argument("--ablations", action="store_true",
                    help="also SwitchSD with the paper's binary switch, and with the kappa-gram or surface gate")
     p.add_argument("--methods", nargs="+", help="only these rows (labels as in the table; AR always runs)")

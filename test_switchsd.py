@@ -1703,13 +1703,21 @@ def test_bench_quick_smoke_run(tmp_path):
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "table1", "--quick", "--model", str(src),
                         "--draft-model", str(draft), "--eagle", str(eagle), "--probe", str(tmp_path / "p.safetensors"),
                         "--tasks", "humaneval", "math500", "--data", f"humaneval={tmp_path / 'he.jsonl'}",
-                        f"math500={tmp_path / 'math.jsonl'}", "--dtype", "float32", "--out", str(tmp_path / "out")],
+                        f"math500={tmp_path / 'math.jsonl'}", "--dtype", "float32", "--oracle", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, cwd=HERE, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "table1_t_quick.json").read_text())
     assert set(res) == {"humaneval", "math500"}
     assert list(res["humaneval"]) == ["AR", "PLD", "CopySpec[SPS]", "copy", "SPS", "SPS gamma=8", "EAGLE3", "BanditSpec[SPS]",
-                                      "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]", "SwitchSD[SPS] gamma=8"]
+                                      "BanditSpec[EAGLE3]", "SwitchSD[SPS]", "SwitchSD[EAGLE3]", "SwitchSD[SPS] gamma=8",
+                                      "oracle", "oracle, per step", "SwitchSD, replayed"]
+    # --oracle's path costs, saved: the oracle rows replayed from them are the table's
+    import bench
+    paths = json.loads((tmp_path / "out" / "table1_t_quick_paths.json").read_text())
+    assert [p["task"] for p in paths] == ["humaneval"] * 2 + ["math500"] * 2
+    for p, task, i in zip(paths, ["humaneval"] * 2 + ["math500"] * 2, [0, 1] * 2):
+        assert len(p["options"]) == len(p["out"]) and all(o[0][0] == "ar" for o in p["options"])
+        assert bench.schedules(p, p["prefill"])["oracle"]["tps"] == pytest.approx(res[task]["oracle"]["round_tps"][i][0], abs=1e-3)
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     for row in (r for task in res.values() for r in task.values() if r["copy_rate"] is not None):
         assert row["copy_per_100"] == pytest.approx(100 * row["copy_rate"] / row["mean_accepted"])
