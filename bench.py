@@ -797,6 +797,25 @@ def bench_pool(a):
     save(pool(runs), Path(a.out), head)
 
 
+def bench_replay(a):
+    """SwitchSD's policy replayed on the path costs a `table1 --oracle` run saved, with only the
+    paths in --arms open to it where the gate does not copy: what each path adds to the policy,
+    without a live run. Per task, the medians over prompts of the speedups over AR and of the
+    replay's fraction of the oracle's tokens/s."""
+    rows = {}
+    for pc in json.loads(Path(a.paths).read_text()):
+        ar = len(pc["out"]) / pc["ar_seconds"]
+        arms = [x for x in a.arms if x != "neural" or pc["neural"]]
+        r = schedules(pc, pc["prefill"], switchsd.CostSwitch(arms))
+        o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
+        rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
+    med = statistics.median
+    for task, v in rows.items():
+        print(f"{NAMES.get(task, task)}: oracle {med(x[0] for x in v):.2f}x, replayed over {'/'.join(a.arms)} "
+              f"{med(x[1] for x in v):.2f}x, {med(x[2] for x in v):.0%} of the oracle (least {min(x[2] for x in v):.0%}), "
+              f"{len(v)} prompts")
+
+
 def bench_analysis(a):
     """Section 4.2: at every position of the AR output where the kappa-gram recurs, what would
     the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
@@ -1097,6 +1116,10 @@ def main():
     p = sub.add_parser("pool", help="one Table 1 from several table1 runs' JSON (their prompts pooled)")
     p.add_argument("runs", nargs="+", help="table1_*.json files of runs over different prompts")
     p.add_argument("--out", default="runs/table1_pooled", help="path of the .md and .json, without suffix")
+    p = sub.add_parser("replay", help="SwitchSD's policy replayed on a table1 --oracle run's path costs")
+    p.add_argument("paths", help="the run's <out>_paths.json")
+    p.add_argument("--arms", nargs="+", default=["lookup", "neural", "ar"], choices=["lookup", "neural", "ar"],
+                   help="the paths the policy may take where the gate does not copy")
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
@@ -1152,7 +1175,7 @@ def main():
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
      "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
-     "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool,
+     "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool, "replay": bench_replay,
      "invariance": bench_invariance, "kernels": bench_kernels}[a.cmd](a)
     if DIFFS:
         sys.exit("greedy output differs from AR:\n" + "\n".join(DIFFS))

@@ -1718,6 +1718,11 @@ def test_bench_quick_smoke_run(tmp_path):
     for p, task, i in zip(paths, ["humaneval"] * 2 + ["math500"] * 2, [0, 1] * 2):
         assert len(p["options"]) == len(p["out"]) and all(o[0][0] == "ar" for o in p["options"])
         assert bench.schedules(p, p["prefill"])["oracle"]["tps"] == pytest.approx(res[task]["oracle"]["round_tps"][i][0], abs=1e-3)
+    r = subprocess.run([sys.executable, str(HERE / "bench.py"), "replay", str(tmp_path / "out" / "table1_t_quick_paths.json")],
+                       capture_output=True, text=True, cwd=HERE, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = r.stdout.splitlines()[0]  # the default policy replayed: the table's row
+    assert line.startswith("HumanEval: oracle") and f"ar {res['humaneval']['SwitchSD, replayed']['speedup']:.2f}x" in line
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     for row in (r for task in res.values() for r in task.values() if r["copy_rate"] is not None):
         assert row["copy_per_100"] == pytest.approx(100 * row["copy_rate"] / row["mean_accepted"])
