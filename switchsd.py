@@ -365,9 +365,12 @@ class CostSwitch:
     are counted apart by the probe's reading, `on`.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
     ones decayed by `decay` per play, so the estimate follows the text. A drafting path is
-    tried until it has `trials` measured steps, the cheaper first (lookup, then neural); the
-    neural drafter's first step also runs its own prefill of the prompt, and is measured with
-    it: a drafter whose prefill does not pay for itself is not worth switching to. A plain step
+    tried until it has `trials` measured steps, the cheaper first (lookup, then neural). The
+    neural drafter's first step also runs its own prefill of the prompt, and is not measured:
+    once paid, the prefill is sunk, and only what the drafter's next steps cost says whether to
+    go on drafting with it (counting it kept the switch off a drafter it had paid for: on
+    CNN/DM in float32 its prefill of the article costs 10-13 target steps; docs/results.md).
+    A plain step
     is never tried for its own sake: every step runs a target pass, so one token per the
     fastest step so far is a lower bound on its rate. A path left unplayed for `stale` picks is
     played once more. The choice never changes what is emitted: every draft is verified as
@@ -382,6 +385,7 @@ class CostSwitch:
         self.tokens, self.seconds = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
         self.plays, self.last = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0)  # last: the pick it last played
         self.t, self.fastest, self.on = 0, math.inf, False  # picks so far; the fastest step so far, in seconds
+        self.primed = False  # has the neural drafter run its prefill?
 
     def key(self, arm: str, on: bool):
         return arm, on and arm == "lookup"
@@ -408,6 +412,9 @@ class CostSwitch:
         """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`."""
         k = self.key(arm, self.on)
         self.last[k] = self.t
+        if arm == "neural" and not self.primed:  # its prefill: sunk, not a cost of its next steps
+            self.primed = True
+            return
         self.fastest = min(self.fastest, seconds)
         self.plays[k] += 1
         self.tokens[k] = self.decay * self.tokens[k] + tokens

@@ -1241,7 +1241,7 @@ def test_gates_and_their_ablations():
 
 def test_cost_switch_plays_the_fastest_path():
     """CostSwitch: every drafting path until it is measured, the cheaper first, the neural
-    drafter's prefill counted in its first step; lookup only where PLD finds a match, counted
+    drafter's first step (its prefill, a sunk cost) not measured; lookup only where PLD finds a match, counted
     apart by the probe's reading; then the best measured tokens/s, a plain step once the
     drafts pay less."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
@@ -1253,12 +1253,13 @@ def test_cost_switch_plays_the_fastest_path():
         assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
         picks.append(arm)
         # (tokens, seconds): lookup 5 tokens/s where the probe is on, 0.9 elsewhere; neural 3 (its
-        # first step 1/3: its prefill), then 0.5 from t = 45; a plain step 1
-        first = sw.plays[("neural", False)] == 0
+        # first step 1/30: its prefill), then 0.5 from t = 45; a plain step 1
+        first = not sw.primed
         sw.update(arm, *{"lookup": (5, 1.0) if on else (1, 1.1), "ar": (1, 1.0),
-                         "neural": (1, 3.0) if first else (3, 1.0) if t < 45 else (1, 2.0)}[arm])
-    assert picks[:4] == ["lookup", "lookup", "neural", "neural"]  # 1/3 then 3 tokens/s: 1.1 so far
-    assert picks[4:30] == ["lookup"] * 26 and "ar" not in picks[:50]
+                         "neural": (1, 30.0) if first else (3, 1.0) if t < 45 else (1, 2.0)}[arm])
+        assert sw.plays[("neural", False)] == max(0, picks.count("neural") - 1)  # all but the first measured
+    assert picks[:5] == ["lookup", "lookup", "neural", "neural", "neural"]  # the prefill, then 2 trials
+    assert picks[5:30] == ["lookup"] * 25 and "ar" not in picks[:50]
     assert picks[30:32] == ["lookup"] * 2  # probe off: the lookup is measured apart (0.9 tokens/s)
     assert picks[32:45] == ["neural"] * 13  # ... and loses to the neural drafter (1.1 -> 3)
     assert picks[50:60].count("ar") == 10  # neural 0.5 tokens/s, the lookup 0.9: plain steps
