@@ -398,13 +398,14 @@ def path_costs(setup, ids, out, fam) -> dict:
             "neural": neural is not None}
 
 
-def schedules(pc: dict, prefill: float, switch=None) -> dict:
+def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict:
     """Three schedules over path_costs() `pc`, each a row of tokens/s and paths taken: the best
     schedule ("oracle", dynamic programming over the states: the ceiling of any switching policy
     with these drafters), the greedy choice of the most tokens per second at each step ("oracle,
-    per step"), and SwitchSD's policy (the probe gate, then `switch`, by default a new
-    CostSwitch) replayed on the same costs, fed the probe's scores of AR's output ("SwitchSD,
-    replayed"): the policy's distance from the ceiling without the live run's timing noise.
+    per step"), and SwitchSD's policy (the probe gate, then a CostSwitch over `arms`, less
+    "neural" where the run has no neural drafter) replayed on the same costs, fed the probe's
+    scores of AR's output ("SwitchSD, replayed"): the policy's distance from the ceiling
+    without the live run's timing noise.
     The neural drafter's prefill is charged to the first step that uses it."""
     options, scores, extra, out = pc["options"], pc["scores"], pc["extra"], pc["out"]
     full, L, n = pc["ids"] + out, len(pc["ids"]), len(out)
@@ -414,7 +415,7 @@ def schedules(pc: dict, prefill: float, switch=None) -> dict:
     for k in range(n - 1, -1, -1):
         for u in (1, 0):
             best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
-    switch = switch or switchsd.CostSwitch(["lookup", "neural", "ar"] if pc["neural"] else ["lookup", "ar"])
+    switch = switchsd.CostSwitch([a for a in arms if a != "neural" or pc["neural"]])
 
     def replay(k, used):
         on = scores[k] >= pc["tau"]
@@ -448,9 +449,10 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_o
     repeats: run the whole interleaved round this many times per prompt and keep each method's
     fastest run. Load from other tenants only ever adds time (one CNN/DM prompt's AR took
     14.7-20.6 s in four rounds), so the minimum is the least disturbed measurement.
-    oracle_of: add the oracle switch's rows (schedules() over path_costs()) with this neural family ("SPS", "EAGLE3",
-    or "" for none), once per prompt after its rounds; `paths`, a list, then collects each
-    prompt's path_costs() (with its task, prefill and AR's seconds) to replay policies on."""
+    oracle_of: add the oracle switch's rows (schedules() over path_costs()) with this neural
+    family ("SPS", "EAGLE3", or "" for none), once per prompt after its rounds; `paths`, a list,
+    then collects each prompt's path_costs() (with its task, prefill and AR's seconds) to
+    replay policies on."""
     methods = [(m, m, {}) if isinstance(m, str) else m for m in ["AR", *methods]]
     runs = [(m, lambda ids, name=name, kw=kw: setup.run(name, ids, max_new, **kw)) for m, name, kw in methods]
     runs += list((hf or {}).items())
@@ -805,8 +807,7 @@ def bench_replay(a):
     rows = {}
     for pc in json.loads(Path(a.paths).read_text()):
         ar = len(pc["out"]) / pc["ar_seconds"]
-        arms = [x for x in a.arms if x != "neural" or pc["neural"]]
-        r = schedules(pc, pc["prefill"], switchsd.CostSwitch(arms))
+        r = schedules(pc, pc["prefill"], a.arms)
         o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
     med = statistics.median

@@ -370,9 +370,8 @@ class CostSwitch:
     once paid, the prefill is sunk, and only what the drafter's next steps cost says whether to
     go on drafting with it (counting it kept the switch off a drafter it had paid for: on
     CNN/DM in float32 its prefill of the article costs 10-13 target steps; docs/results.md).
-    A plain step
-    is never tried for its own sake: every step runs a target pass, so one token per the
-    fastest step so far is a lower bound on its rate. A path left unplayed for `stale` picks is
+    A plain step is never tried for its own sake: every step runs a target pass, so one token
+    per the fastest step so far is a lower bound on its rate. A path left unplayed for `stale` picks is
     played once more. The choice never changes what is emitted: every draft is verified as
     before.
     """
