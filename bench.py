@@ -803,18 +803,30 @@ def bench_replay(a):
     """SwitchSD's policy replayed on the path costs a `table1 --oracle` run saved, with only the
     paths in --arms open to it where the gate does not copy: what each path adds to the policy,
     without a live run. Per task, the medians over prompts of the speedups over AR and of the
-    replay's fraction of the oracle's tokens/s."""
-    rows = {}
+    replay's fraction of the oracle's tokens/s; then what CostSwitch keys a lookup's score by,
+    the mean length PLD's lookup accepts at every state, by the probe's reading (on: score >=
+    tau) and by PLD's match (two tokens or more, or one)."""
+    rows, lookups = {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
         ar = len(pc["out"]) / pc["ar_seconds"]
         r = schedules(pc, pc["prefill"], a.arms)
         o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
+        full, pld = pc["ids"] + pc["out"], PromptLookup()
+        for k, options in enumerate(pc["options"]):
+            for path, accepted, _ in options:
+                if path == "lookup" and pld.propose(full[:len(pc["ids"]) + k], len(pc["out"]) - k - 1):
+                    key = (pc["task"], pc["scores"][k] >= pc["tau"], pld.matched >= 2)
+                    lookups.setdefault(key, []).append(accepted)
     med = statistics.median
     for task, v in rows.items():
         print(f"{NAMES.get(task, task)}: oracle {med(x[0] for x in v):.2f}x, replayed over {'/'.join(a.arms)} "
               f"{med(x[1] for x in v):.2f}x, {med(x[2] for x in v):.0%} of the oracle (least {min(x[2] for x in v):.0%}), "
               f"{len(v)} prompts")
+    for task in rows:
+        print(f"{NAMES.get(task, task)}, a lookup's mean accepted length (states): " + ", ".join(
+            f"probe {'on' if on else 'off'} match {'>= 2' if two else '1'} {statistics.mean(x):.2f} ({len(x)})"
+            for (t, on, two), x in sorted(lookups.items()) if t == task))
 
 
 def bench_analysis(a):

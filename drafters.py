@@ -230,10 +230,11 @@ class CopyDrafter:
 
 class PromptLookup:
     """PLD (Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding), as published:
-    try n-gram sizes 3, 2, 1; take the earliest match whose 10 following tokens all exist."""
+    try n-gram sizes 3, 2, 1; take the earliest match whose 10 following tokens all exist.
+    `matched`: the n-gram size of the last proposal's match (0: none)."""
 
     def __init__(self, max_ngram: int = 3, num_pred: int = 10):
-        self.max_ngram, self.num_pred = max_ngram, num_pred
+        self.max_ngram, self.num_pred, self.matched = max_ngram, num_pred, 0
 
     def reset(self, max_len: int = 0):
         pass  # stateless: it rescans the context every step, as published
@@ -245,7 +246,9 @@ class PromptLookup:
             for i in np.flatnonzero((windows == a[-n:]).all(axis=1)):
                 start, end = i + n, i + n + self.num_pred
                 if end <= len(a) and start < len(a) - n:
+                    self.matched = n
                     return Tree.chain(ctx[-1], ctx[start:end][:depth])
+        self.matched = 0
         return None
 
 

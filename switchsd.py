@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import llama
-from drafters import (CopyConfig, CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Config, Eagle3Head,
+from drafters import (CopyConfig, CopyDrafter, CopySpec, common_prefix, DraftModel, Eagle3, Eagle3Config, Eagle3Head,
                       PromptLookup, QUANTS, SPSConfig, Tree, probs)
 from fetch import resolve
 
@@ -360,64 +360,88 @@ class CostSwitch:
         lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
         neural  the neural drafter (when the run has one);
         ar      a plain target step.
-    The probe reads copy intent where the kappa-gram has not (yet) recurred too: there a
-    lookup's shorter match is more often the start of a copy than an accident, so lookup steps
-    are counted apart by the probe's reading, `on`.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
-    ones decayed by `decay` per play, so the estimate follows the text. A drafting path is
-    tried until it has `trials` measured steps, the cheaper first (lookup, then neural). The
-    neural drafter's first step also runs its own prefill of the prompt, and is not measured:
-    once paid, the prefill is sunk, and only what the drafter's next steps cost says whether to
-    go on drafting with it (counting it kept the switch off a drafter it had paid for: on
-    CNN/DM in float32 its prefill of the article costs 10-13 target steps; docs/results.md).
-    A plain step is never tried for its own sake: every step runs a target pass, so one token
-    per the fastest step so far is a lower bound on its rate. A path left unplayed for `stale` picks is
-    played once more. The choice never changes what is emitted: every draft is verified as
-    before.
+    ones decayed by `decay` per step, so the estimate follows the text.
+
+    A lookup's draft needs no model to judge it: once the text has moved past it, what it
+    would have accepted is its agreement with the tokens emitted there, whatever path emitted
+    them (exactly, in greedy decoding; in sampling a drafted token is accepted with the very
+    probability that the target samples it). So the lookup found at every pick is scored,
+    played or not (`shadows`), and its tokens per step come from all of them: no step is spent
+    trying it where it would accept nothing (on novel text a 10-token lookup pass costs two
+    target steps). Its seconds per step come from its own plays, and before the first from the
+    fastest step so far, a lower bound: every step runs a target pass. The scores are kept
+    apart by what predicts them: whether the probe reads copy intent (`on`) and whether PLD
+    matched two tokens or more (docs/results.md: "The switch").
+    The neural drafter's drafts have no such free check: it is tried until it has `trials`
+    measured steps, and played once more when left unplayed for `stale` picks. Its first step
+    also runs its own prefill of the prompt, and is not measured: once paid, the prefill is
+    sunk, and only what the drafter's next steps cost says whether to go on drafting with it.
+    A plain step is never tried for its own sake: one token per the fastest step so far is a
+    lower bound on its rate. The choice never changes what is emitted: every draft is verified
+    as before.
     """
     decay, trials, stale = 0.8, 2, 32
 
     def __init__(self, arms):
         self.arms = list(arms)
         self.lookup, self.found = PromptLookup(), None  # found: this pick's lookup draft
-        keys = [k for a in self.arms for k in ((a, True), (a, False))]  # (path, on); only lookup's differ
-        self.tokens, self.seconds = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
-        self.plays, self.last = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0)  # last: the pick it last played
-        self.t, self.fastest, self.on = 0, math.inf, False  # picks so far; the fastest step so far, in seconds
+        self.tokens, self.seconds, self.steps = ({a: 0.0 for a in self.arms} for _ in range(3))  # decayed sums
+        self.plays, self.last = dict.fromkeys(self.arms, 0), dict.fromkeys(self.arms, 0)  # last: the pick it last played
+        self.shadows = []  # (len(ctx), draft, key) of lookup drafts the text has not yet passed
+        self.scored, self.n = {}, {}  # key -> decayed tokens a lookup step would have emitted, and their count
+        self.t, self.fastest, self.key = 0, math.inf, None  # picks so far; the fastest step so far, in seconds
         self.primed = False  # has the neural drafter run its prefill?
 
-    def key(self, arm: str, on: bool):
-        return arm, on and arm == "lookup"
+    def score_shadows(self, ctx):
+        """Score the lookup drafts that the emitted text `ctx` has passed: accepted + 1 tokens."""
+        waiting = []
+        for at, draft, key in self.shadows:
+            out = ctx[at:at + len(draft)]
+            accepted = common_prefix(draft, out)
+            if accepted == len(out) < len(draft):  # agreed so far, and the text has not passed it
+                waiting.append((at, draft, key))
+                continue
+            self.scored[key] = self.decay * self.scored.get(key, 0.0) + accepted + 1
+            self.n[key] = self.decay * self.n.get(key, 0.0) + 1
+        self.shadows = waiting
 
-    def rate(self, arm: str, on: bool) -> float:
-        k = self.key(arm, on)
-        if arm == "ar" and not self.plays[k]:
+    def rate(self, arm: str) -> float:
+        if arm == "lookup":
+            seconds = self.seconds["lookup"] / self.steps["lookup"] if self.plays["lookup"] else self.fastest
+            return self.scored[self.key] / self.n[self.key] / seconds
+        if arm == "ar" and not self.plays["ar"]:
             return 1 / self.fastest
-        if self.plays[k] < self.trials:
+        if self.plays[arm] < self.trials:
             return math.inf
-        return self.tokens[k] / max(self.seconds[k], 1e-9)
+        return self.tokens[arm] / max(self.seconds[arm], 1e-9)
 
     def pick(self, ctx, depth, on: bool) -> str:
         """The path for this step; on: does the probe read copy intent?"""
-        self.t, self.on = self.t + 1, on
+        self.t += 1
+        self.score_shadows(ctx)
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
-        offered = [a for a in self.arms if a != "lookup" or self.found is not None]
-        for a in offered:
-            if a != "ar" and self.plays[self.key(a, on)] and self.t - self.last[self.key(a, on)] > self.stale:
-                return a
-        return max(offered, key=lambda a: self.rate(a, on))  # ties (untried paths) go to the first
+        offered = [a for a in self.arms if a != "lookup"]
+        if self.found is not None:
+            self.key = (on, self.lookup.matched >= 2)
+            self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
+            if self.key in self.n:  # scored before: its rate is known
+                offered.insert(0, "lookup")
+        if "neural" in offered and self.plays["neural"] and self.t - self.last["neural"] > self.stale:
+            return "neural"
+        return max(offered, key=self.rate)  # ties (an untried drafter) go to the first
 
     def update(self, arm: str, tokens: int, seconds: float):
         """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`."""
-        k = self.key(arm, self.on)
-        self.last[k] = self.t
+        self.last[arm] = self.t
         if arm == "neural" and not self.primed:  # its prefill: sunk, not a cost of its next steps
             self.primed = True
             return
         self.fastest = min(self.fastest, seconds)
-        self.plays[k] += 1
-        self.tokens[k] = self.decay * self.tokens[k] + tokens
-        self.seconds[k] = self.decay * self.seconds[k] + seconds
+        self.plays[arm] += 1
+        self.tokens[arm] = self.decay * self.tokens[arm] + tokens
+        self.seconds[arm] = self.decay * self.seconds[arm] + seconds
+        self.steps[arm] = self.decay * self.steps[arm] + 1
 
 
 class UCBSpec:

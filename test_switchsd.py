@@ -1240,32 +1240,36 @@ def test_gates_and_their_ablations():
 
 
 def test_cost_switch_plays_the_fastest_path():
-    """CostSwitch: every drafting path until it is measured, the cheaper first, the neural
-    drafter's first step (its prefill, a sunk cost) not measured; lookup only where PLD finds a match, counted
-    apart by the probe's reading; then the best measured tokens/s, a plain step once the
-    drafts pay less."""
+    """CostSwitch: the lookup scored at every pick without being played, and offered once its
+    kind of match has a score; the neural drafter tried until measured, its first step (its
+    prefill, a sunk cost) not measured; then the best tokens/s, a plain step once the drafts
+    pay less, the drafter retried when stale."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
-    ctx, novel = list(range(20)) + [0, 1], list(range(30))  # PLD finds a match in ctx, none in novel
-    picks = []
-    for t in range(120):
-        on = t < 30  # the probe reads copy intent
-        arm = sw.pick(ctx if t < 60 else novel, 10, on)
-        assert (sw.found is not None) == (t < 60) and (arm != "lookup" or t < 60)
+    period, fresh = list(range(100, 120)), iter(range(1000, 10 ** 6))
+    ctx, picks = period * 2, []
+    for t in range(110):
+        repeating = t < 40  # the text repeats `period`, then is novel but for a recurring token
+        arm = sw.pick(ctx, 100, on=repeating)
+        assert t > 40 or sw.found is not None and sw.lookup.matched == 3  # t = 40 reads t = 39's text
         picks.append(arm)
-        # (tokens, seconds): lookup 5 tokens/s where the probe is on, 0.9 elsewhere; neural 3 (its
-        # first step 1/30: its prefill), then 0.5 from t = 45; a plain step 1
+        # (tokens, seconds): a lookup step 11 tokens while the text repeats (its draft is the
+        # repetition), 1 elsewhere, in 1.5 s; neural 3 in 1 s (its first step 30 s: its
+        # prefill), 1 in 2 s from t = 70; a plain step 1 in 1 s
         first = not sw.primed
-        sw.update(arm, *{"lookup": (5, 1.0) if on else (1, 1.1), "ar": (1, 1.0),
-                         "neural": (1, 30.0) if first else (3, 1.0) if t < 45 else (1, 2.0)}[arm])
-        assert sw.plays[("neural", False)] == max(0, picks.count("neural") - 1)  # all but the first measured
-    assert picks[:5] == ["lookup", "lookup", "neural", "neural", "neural"]  # the prefill, then 2 trials
-    assert picks[5:30] == ["lookup"] * 25 and "ar" not in picks[:50]
-    assert picks[30:32] == ["lookup"] * 2  # probe off: the lookup is measured apart (0.9 tokens/s)
-    assert picks[32:45] == ["neural"] * 13  # ... and loses to the neural drafter (1.1 -> 3)
-    assert picks[50:60].count("ar") == 10  # neural 0.5 tokens/s, the lookup 0.9: plain steps
-    assert picks[60:].count("ar") >= 55  # no lookup: plain steps, the drafter retried when stale
-    sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter
-    assert sw.pick(novel, 10, True) == "ar"
+        n, s = {"lookup": (11 if repeating else 1, 1.5), "ar": (1, 1.0),
+                "neural": (3, 30.0) if first else (3, 1.0) if t < 70 else (1, 2.0)}[arm]
+        sw.update(arm, n, s)
+        ctx += ([period[(len(ctx) + i) % 20] for i in range(n)] if repeating else  # novel, ending in a recurring token at every other step
+                [next(fresh) for _ in range(n - 1)] + [100 if n > 1 or t % 2 else next(fresh)])
+    assert picks[:4] == ["neural"] * 4  # its prefill, 2 trials, and one more: no lookup draft scored yet
+    assert picks[4:36] == ["lookup"] * 32  # 11 tokens per 1.5 s, scored from the neural steps' text
+    assert picks[36] == "neural"  # stale: retried once
+    assert "lookup" not in picks[40:] and sum(n for (on, _), n in sw.n.items() if not on) > 4  # scored, not played
+    assert picks[40:70].count("neural") >= 29  # 3 tokens/s beat a plain step
+    assert picks[75:].count("ar") >= 33  # the drafter paid 0.5 tokens/s: plain steps, it retried when stale
+    assert 0 < picks[75:].count("neural") <= 2
+    sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter, no lookup scored yet
+    assert sw.pick(period * 2, 10, True) == "ar"
 
 
 @pytest.mark.slow
@@ -1724,6 +1728,8 @@ def test_bench_quick_smoke_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.splitlines()[0]  # the default policy replayed: the table's row
     assert line.startswith("HumanEval: oracle") and f"ar {res['humaneval']['SwitchSD, replayed']['speedup']:.2f}x" in line
+    lookups = next(l for l in r.stdout.splitlines() if l.startswith("HumanEval, a lookup's mean accepted length"))
+    assert "probe on match" in lookups and "probe off" not in lookups  # the planted probe reads 0.5 >= tau everywhere
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
     for row in (r for task in res.values() for r in task.values() if r["copy_rate"] is not None):
         assert row["copy_per_100"] == pytest.approx(100 * row["copy_rate"] / row["mean_accepted"])
