@@ -34,8 +34,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import llama
-from drafters import (CopyConfig, CopyDrafter, CopySpec, common_prefix, DraftModel, Eagle3, Eagle3Config, Eagle3Head,
-                      PromptLookup, QUANTS, SPSConfig, Tree, probs)
+from drafters import (CopyConfig, CopyDrafter, CopySpec, DraftModel, Eagle3, Eagle3Config, Eagle3Head,
+                      PromptLookup, QUANTS, SPSConfig, Tree, common_prefix, probs)
 from fetch import resolve
 
 
@@ -368,11 +368,11 @@ class CostSwitch:
     them (exactly, in greedy decoding; in sampling a drafted token is accepted with the very
     probability that the target samples it). So the lookup found at every pick is scored,
     played or not (`shadows`), and its tokens per step come from all of them: no step is spent
-    trying it where it would accept nothing (on novel text a 10-token lookup pass costs two
-    target steps). Its seconds per step come from its own plays, and before the first from the
-    fastest step so far, a lower bound: every step runs a target pass. The scores are kept
-    apart by what predicts them: whether the probe reads copy intent (`on`) and whether PLD
-    matched two tokens or more (docs/results.md: "The switch").
+    trying it where it would accept nothing (a 10-token lookup's pass costs two target steps on
+    an AVX2 CPU in float32). Its seconds per step come from its own plays, and before the
+    first from the fastest step so far, a lower bound: every step runs a target pass. The
+    scores are kept apart by what predicts them: whether the probe reads copy intent (`on`)
+    and whether PLD matched two tokens or more (docs/results.md: "The switch").
     The neural drafter's drafts have no such free check: it is tried until it has `trials`
     measured steps, and played once more when left unplayed for `stale` picks. Its first step
     also runs its own prefill of the prompt, and is not measured: once paid, the prefill is
