@@ -812,12 +812,11 @@ def bench_replay(a):
         r = schedules(pc, pc["prefill"], a.arms)
         o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
-        full, pld = pc["ids"] + pc["out"], PromptLookup()
+        full, L, pld = pc["ids"] + pc["out"], len(pc["ids"]), PromptLookup()
         for k, options in enumerate(pc["options"]):
-            for path, accepted, _ in options:
-                if path == "lookup" and pld.propose(full[:len(pc["ids"]) + k], len(pc["out"]) - k - 1):
-                    key = (pc["task"], pc["scores"][k] >= pc["tau"], pld.matched >= 2)
-                    lookups.setdefault(key, []).append(accepted)
+            accepted = next((a for path, a, _ in options if path == "lookup"), None)
+            if accepted is not None and pld.propose(full[:L + k], len(pc["out"]) - k - 1):
+                lookups.setdefault((pc["task"], pc["scores"][k] >= pc["tau"], pld.matched >= 2), []).append(accepted)
     med = statistics.median
     for task, v in rows.items():
         print(f"{NAMES.get(task, task)}: oracle {med(x[0] for x in v):.2f}x, replayed over {'/'.join(a.arms)} "
