@@ -943,7 +943,7 @@ def bench_passes(a):
     for name, quant, dtype, kernels in runs:
         int8 = switchsd.quant_of(quant) == "int8"
         model = llama.Model.from_pretrained(resolve(name), switchsd.dtype_of(dtype), int8=int8,
-                                            exact=None if kernels == "auto" else kernels == "exact")
+                                            exact=kernels == "exact")
         name = " ".join([name] + [quant] * (len(a.quants) > 1) + [dtype] * (len(a.dtypes) > 1)
                         + [kernels] * (len(a.kernels) > 1))
         ids = torch.randint(0, model.args.vocab_size, (a.context + max(a.widths),))
@@ -1160,8 +1160,8 @@ def main():
                    help="the weights to time each model with (int8: llama.Int8Linear)")
     p.add_argument("--dtypes", nargs="+", default=["auto"], choices=switchsd.DTYPES,
                    help="the dtypes to time each model in (int8: of its activations)")
-    p.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "fast", "exact"],
-                   help="the target's kernels (llama.Model.from_pretrained's exact; auto: the dtype's default)")
+    p.add_argument("--kernels", nargs="+", default=["exact"], choices=["fast", "exact"],
+                   help="the target's kernels (llama.Model.from_pretrained's exact)")
     p.add_argument("--shape", default="chain", choices=list(SHAPES),
                    help="how a pass's T tokens hang together (default: %(default)s)")
     p = sub.add_parser("kernels", help="AR and SwitchSD[SPS] with exact against fast kernels")

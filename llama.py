@@ -404,10 +404,10 @@ class Model(nn.Module):
         return self
 
     @classmethod
-    def from_pretrained(cls, folder, dtype=None, device="cpu", int8=False, exact=None) -> "Model":
+    def from_pretrained(cls, folder, dtype=None, device="cpu", int8=False, exact=True) -> "Model":
         """dtype None: default_dtype(device). int8: weight-only int8 Linears (Int8Linear), for a
-        draft model. exact: batch-invariant kernels (set_exact); None: where they cost nothing,
-        i.e. not in float32, where a one-token step padded to 16 rows costs twice as much."""
+        draft model. exact: batch-invariant kernels (set_exact); False: torch's own, which a
+        draft model keeps (it only proposes). docs/performance.md: what exact costs."""
         folder = Path(folder)
         dtype = dtype or default_dtype(device)
         args = ModelArgs.from_config(read_json(folder / "config.json"), str(folder / "config.json"))
@@ -426,7 +426,6 @@ class Model(nn.Module):
         if args.tie_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_frequencies(args).to(device)
-        exact = dtype != torch.float32 if exact is None else exact
         return (model.quantize_int8() if int8 else model).set_exact(exact).eval()
 
 
@@ -640,12 +639,15 @@ class Tokenizer:
 
 # The rows a product may have for each row's result not to depend on how many rows it has
 # (measured with `bench.py invariance`; the tests check it on the machine they run on). At
-# least EXACT_ROWS: one row runs a matrix-vector kernel that reduces in another order, and
-# MKL's float32 GEMM changes kernels up to 16 rows; oneDNN's bf16 GEMM is row-independent
-# from 2 rows. At most EXACT_TILE: on a CPU with AMX, oneDNN's bf16 GEMM changes kernels
-# above 32 rows (docs/performance.md).
-EXACT_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
+# least EXACT_ROWS: one row runs a matrix-vector kernel that reduces in another order; oneDNN's
+# bf16 GEMM is row-independent from 2 rows, MKL's batched float32 GEMM (Linear.blocked, the
+# attention's products) from 4, where its plain GEMM needs 16. At most EXACT_TILE: on a CPU with
+# AMX, oneDNN's bf16 GEMM changes kernels above 32 rows (docs/performance.md).
+EXACT_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 EXACT_TILE = 32
+# Output rows per block of an exact float32 product on a CPU (Linear.blocked): the fastest for
+# 1-4 rows on the AMD EPYC (docs/performance.md); every block size from 16 up gives the same bits.
+EXACT_BLOCK = 16
 # Attention's key windows grow in blocks of this many slots (key_window): a product's result
 # changes with its inner length (MKL's float32 GEMM at any length, oneDNN's bf16 past ~4k
 # slots), so a row's window must not depend on its pass; in blocks, it costs a one-token
@@ -675,22 +677,36 @@ class Linear(nn.Linear):
     from memory once per few rows, up to five times one row's cost. Cut into blocks of <= 512 KB
     of weights, one batched product keeps each block in the core's L2 while every row uses it,
     so the weights stream once: a 1.5B verification pass of 5-13 tokens costs 1.4-2.1 one-token
-    passes instead of 2.0-5.1 (docs/performance.md)."""
+    passes instead of 2.0-5.1 (docs/performance.md).
+
+    Exact (Model.set_exact): every product in tiles of rows (tiled). In float32 on a CPU the
+    tiles run as blocked products of EXACT_BLOCK rows: MKL's batched GEMM gives a row the same
+    bits from 4 rows on, and a one-token step padded to 4 rows costs about what F.linear's
+    matrix-vector product does, where F.linear would need 16 rows and up to four times that."""
 
     exact = False  # Model.set_exact turns it on for a model's layers
 
     def forward(self, x):  # x: (T, in)
-        T = x.shape[0]
+        mkl = x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
         if self.exact:  # batch-invariant: in tiles of rows the kernel treats alike
-            return tiled(super().forward, x)
-        if 1 < T < 16 and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+            return tiled(lambda c: self.blocked(c, EXACT_BLOCK) if mkl else F.linear(c, self.weight, self.bias), x)
+        if 1 < x.shape[0] < 16 and mkl:
             O, I = self.weight.shape
-            r = 1 << (max(1, min(2 ** 17 // I, O)).bit_length() - 1)  # rows per block: r * I * 4 B <= 512 KB
+            r = 1 << (max(1, min(2 ** 17 // I, O // 2)).bit_length() - 1)  # r * I * 4 B <= 512 KB
             if O % r == 0:
-                y = x @ self.weight.view(O // r, r, I).transpose(1, 2)  # (O/r, T, r)
-                y = y.transpose(0, 1).reshape(T, O)
-                return y if self.bias is None else y + self.bias
+                return self.blocked(x, r)
         return super().forward(x)
+
+    def blocked(self, x, r: int):
+        """x @ W.T with W's output rows cut into blocks of r, as one batched product over the
+        blocks: (blocks, T, in) @ (blocks, in, r). Zero rows complete the last block, and make
+        two blocks at least: torch runs a batch of one as a plain product."""
+        (O, I), T = self.weight.shape, x.shape[0]
+        pad = max(-O % r, 2 * r - O)
+        W = F.pad(self.weight, (0, 0, 0, pad)) if pad else self.weight
+        W = W.view(-1, r, I).transpose(1, 2)  # (blocks, in, r)
+        y = torch.bmm(x.expand(len(W), T, I), W).transpose(0, 1).reshape(T, -1)[:, :O]
+        return y if self.bias is None else y + self.bias
 
     def rows(self, ids) -> "Linear":
         """The layer cut to output rows `ids` (a draft's output layer over a token subset)."""

@@ -12,9 +12,8 @@ The whole method is one loop (generate). Each step:
   3. verify() runs the target once over the tree, accepts the longest verified path
      plus one token of the target's own, and compacts the KV cache to that path.
 Greedy output is token-identical to autoregressive decoding: with llama's exact kernels (the
-default in bf16) a token's logits do not depend on its verification pass; with torch's own (the
-float32 default) a pass may round differently at a near-tie, which every float32 run measured
-escaped. Sampling is lossless.
+default) a token's logits do not depend on its verification pass; with torch's own
+(`--kernels fast`) a pass may round differently at a near-tie. Sampling is lossless.
 
 Reading order: generate -> verify / accept -> choose / gate_open / CostSwitch -> llama.tree_mask
 -> drafters.CopyDrafter -> Probe (below), then probe.py for how the probe is trained.
@@ -524,7 +523,7 @@ def summary(res: Result) -> dict:
 
 METHODS = ["ar", "pld", "copyspec", "copy", "sps", "eagle3", "banditspec", "switchsd"]
 DTYPES = ("auto", "bfloat16", "float32")
-KERNELS = {"auto": None, "exact": True, "fast": False}  # --kernels -> llama.Model.from_pretrained(exact=)
+KERNELS = {"exact": True, "fast": False}  # --kernels -> llama.Model.from_pretrained(exact=)
 
 
 def dtype_of(name: str, device="cpu") -> torch.dtype:
@@ -661,10 +660,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="auto: bfloat16 where the hardware has it, else float32 (llama.default_dtype)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--kernels", default="auto", choices=KERNELS,
+    ap.add_argument("--kernels", default="exact", choices=KERNELS,
                     help="exact: batch-invariant products and attention, so a token's logits do not depend "
-                    "on its verification pass; fast: torch's own; auto: exact except in float32, where "
-                    "it costs (llama.Model.set_exact)")
+                    "on its verification pass; fast: torch's own (llama.Model.set_exact)")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text")
     ap.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     ap.add_argument("--show", nargs="?", const="path", choices=["path", "probe"],

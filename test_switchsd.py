@@ -1,8 +1,8 @@
 """Tests on tiny random models that the tests write as real checkpoint folders, in the
 layer order of the code (llama, data, drafters, switchsd, probe, bench, fetch).
 
-Token identity is tested in float32 with torch's kernels, and in bf16 and float32 with the
-exact (batch-invariant) ones, which must give a token the same logits in any pass.
+Token identity is tested with the exact (batch-invariant) kernels, the default, in float32 and
+bf16: they must give a token the same logits in any pass.
 """
 import json
 import math
@@ -212,9 +212,9 @@ def neural_setup(tmp_path_factory):
     base = tmp_path_factory.mktemp("neural")
     src = make_copying_checkpoint(base / "target")
     target = llama.Model.from_pretrained(src, torch.float32)
-    draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32)
+    draft = llama.Model.from_pretrained(noisy_copy(base / "draft", src, 0.05), torch.float32, exact=False)  # as load_draft
     head = drafters.Eagle3Head.load(make_eagle(base / "eagle", target, draft_vocab=16)[0], target)
-    draft8 = llama.Model.from_pretrained(base / "draft", torch.float32, int8=True)
+    draft8 = llama.Model.from_pretrained(base / "draft", torch.float32, int8=True, exact=False)
     return target, draft, head, draft8
 
 
@@ -397,20 +397,26 @@ def test_block_triangular_pass_equals_separate_passes(tiny):
         node += len(c)
 
 
-def test_tiled_products_do_not_depend_on_the_row_count():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tiled_products_do_not_depend_on_the_row_count(dtype):
     """The exact kernels' premise at a real model's sizes (Qwen2.5-Coder-1.5B's MLP down
     projection, its attention at a 1000-slot cache): in llama.tiled, each row of a product of
-    up to a copy tree's 81 rows equals the row alone. A tiny model's products are too small to
-    reach the kernel switch this guards against (bf16 GEMM on an AMX CPU, above 32 rows)."""
+    up to a copy tree's 81 rows equals the row alone, for the product an exact Linear runs
+    (F.linear in bf16; Linear.blocked in float32 on a CPU). A tiny model's products are too
+    small to reach the kernel switches this guards against (bf16 GEMM on an AMX CPU above 32
+    rows; MKL's float32 GEMM below 16, which Linear.blocked must not inherit)."""
     g = torch.Generator().manual_seed(0)
-    W = torch.randn(1536, 8960, generator=g).to(torch.bfloat16)
-    X = torch.randn(81, 8960, generator=g).to(torch.bfloat16)
-    V = torch.randn(2, 1000, 128, generator=g).to(torch.bfloat16)
-    P = torch.softmax(torch.randn(2, 81, 1000, generator=g), -1).to(torch.bfloat16)
-    for f, x in ((lambda x: torch.nn.functional.linear(x, W), X), (lambda p: p @ V, P)):
-        alone = torch.cat([llama.tiled(f, x[..., r:r + 1, :]) for r in range(81)], dim=-2)
-        for M in (2, 11, 32, 33, 48, 81):
-            assert torch.equal(llama.tiled(f, x[..., :M, :]), alone[..., :M, :]), M
+    lin = llama.Linear(8960, 1536, bias=False, dtype=dtype)
+    lin.weight.data = torch.randn(1536, 8960, generator=g).to(dtype)
+    X = torch.randn(81, 8960, generator=g).to(dtype)
+    V = torch.randn(2, 1000, 128, generator=g).to(dtype)
+    P = torch.softmax(torch.randn(2, 81, 1000, generator=g), -1).to(dtype)
+    product = (lambda x: lin.blocked(x, llama.EXACT_BLOCK)) if dtype == torch.float32 else (lambda x: torch.nn.functional.linear(x, lin.weight))
+    with torch.no_grad():
+        for f, x in ((product, X), (lambda p: p @ V, P)):
+            alone = torch.cat([llama.tiled(f, x[..., r:r + 1, :]) for r in range(81)], dim=-2)
+            for M in (2, 5, 11, 16, 32, 33, 48, 81):
+                assert torch.equal(llama.tiled(f, x[..., :M, :]), alone[..., :M, :]), M
 
 
 @pytest.mark.parametrize("keys", [8, llama.EXACT_KEYS])
@@ -1125,11 +1131,11 @@ def test_sps_draft_with_a_smaller_vocabulary(tmp_path):
                           ("eagle3", 2, 0.0, 1.0), ("eagle3", 3, 0.7, 4.0)])
 def test_neural_sampling_is_lossless(tmp_path, kind, gamma, threshold, temperature):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
-    target = llama.Model.from_pretrained(src, torch.float32)
+    target = llama.Model.from_pretrained(src, torch.float32, exact=False)  # the rule's law, whatever the kernels: 2,000 runs
     if kind.startswith("sps"):  # sps-vocab: drafts among ids 0-1 and the prompt's 1-5, not 6-7
         # sps-small: a draft with rows for ids 0-5 only; q is zero on 6-7, p is not
         folder = cut_vocab(tmp_path / "d", src, 6, 0.5) if kind == "sps-small" else noisy_copy(tmp_path / "d", src, 0.5)
-        draft = llama.Model.from_pretrained(folder, torch.float32, int8=kind == "sps-int8")
+        draft = llama.Model.from_pretrained(folder, torch.float32, int8=kind == "sps-int8", exact=False)
         _, neural = switchsd.make_drafters("sps", target, draft=draft, sps=sps(
             gamma=gamma, threshold=threshold, vocab=2 if kind == "sps-vocab" else 0,
             topk=2))  # a greedy-only option: sampling must ignore it
@@ -1158,7 +1164,7 @@ def test_every_method_equals_ar_in_bfloat16_at_near_ties(tmp_path):
     step would flip some of them (as torch's own kernels do: docs/performance.md)."""
     src = make_checkpoint(tmp_path / "t", "llama", scale=0.5)
     target = llama.Model.from_pretrained(src, torch.bfloat16)
-    assert target.exact  # the default in bf16
+    assert target.exact  # the default
     draft = llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.05), torch.bfloat16)
     for m in (target, draft):  # every odd token is its even neighbour's near-twin: a near-tie at most steps
         w = m.lm_head.weight
@@ -1275,8 +1281,9 @@ def test_cost_switch_plays_the_fastest_path():
 @pytest.mark.slow
 def test_switchsd_sampling_is_lossless(tmp_path):
     src = make_checkpoint(tmp_path / "t", vocab_size=8, scale=0.5)
-    target = llama.Model.from_pretrained(src, torch.float32)
-    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32), sps(gamma=2))
+    target = llama.Model.from_pretrained(src, torch.float32, exact=False)  # the rule's law, whatever the kernels: 2,000 runs
+    draft = drafters.DraftModel(llama.Model.from_pretrained(noisy_copy(tmp_path / "d", src, 0.5), torch.float32, exact=False),
+                                sps(gamma=2))
     probe = switchsd.Probe(torch.zeros(64), 0, "attn", 0.5, 2)  # score 0.5 >= tau: always on
     prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
     p1 = torch.softmax(full_logits(target, prompt)[-1], 0)
