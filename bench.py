@@ -119,11 +119,11 @@ class Setup:
     and threshold set both neural drafters' options; None leaves each drafter's default."""
 
     def __init__(self, model_name, draft=None, eagle=None, probe=None, gamma=None, width=CopyConfig.width,
-                 topk=None, dtype="auto", threshold=None, quant=SPSConfig.quant):
+                 topk=None, dtype="auto", threshold=None, quant=SPSConfig.quant, kernels="exact"):
         self.name = model_name
         folder = resolve(model_name)
         self.dtype = switchsd.dtype_of(dtype)
-        self.model = llama.Model.from_pretrained(folder, self.dtype)
+        self.model = llama.Model.from_pretrained(folder, self.dtype, exact=switchsd.KERNELS[kernels])
         self.tok = llama.Tokenizer(folder)
         self.folder, self.gamma, self.width, self.topk, self.threshold = folder, gamma, width, topk, threshold
         self.draft_folder, self.quant, self.drafts = draft and resolve(draft), switchsd.quant_of(quant), {}
@@ -744,7 +744,7 @@ def bench_table1(a):
     n, tokens = (2, 48) if a.quick else (a.prompts, a.tokens)
     for model, draft, eagle in configs:
         s = Setup(model, draft=draft, eagle=eagle, probe=a.probe, gamma=a.gamma, topk=a.topk, dtype=a.dtype,
-                  quant=a.draft_quant, threshold=a.draft_threshold)
+                  quant=a.draft_quant, threshold=a.draft_threshold, kernels=a.kernels)
         methods = table1_methods(draft, eagle, s.probe, a.ablations)
         if a.methods:  # a subset of the rows, by label
             labels = [m if isinstance(m, str) else m[0] for m in methods]
@@ -769,7 +769,7 @@ def bench_table1(a):
         sps, eagle3 = s.configs()
         probe = f"layer {s.probe.layer}, tau {s.probe.tau:.2f}" if s.probe else "none"
         head = (f"# Table 1 on this machine: {name}\n\n{time.strftime('%Y-%m-%d %H:%M')}, {machine()}; {dtype_name(s.dtype)}, "
-                f"greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
+                f"{a.kernels} kernels, greedy, chat format; {n} prompts per task, {tokens} new tokens; SPS draft {draft}, "
                 f"EAGLE-3 head {eagle and Path(eagle).name}; probe {probe}; kappa 5, W {s.width}, D {CopyConfig.depth}, "
                 f"at most {CopyConfig.rows} rows; "
                 f"SPS: {opts(sps)}, draft weights {s.quant}, draft vocabulary ids < "
@@ -1110,6 +1110,7 @@ def main():
     p.add_argument("--out", help="folder for the results (default runs/)")
     p.add_argument("--quick", action="store_true", help="2 prompts x 48 tokens: a smoke run")
     p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
+    p.add_argument("--kernels", default="exact", choices=switchsd.KERNELS, help="the target's (llama.Model.set_exact)")
     p.add_argument("--hf", action="store_true", help="also transformers' prompt lookup and assisted generation")
     p.add_argument("--gamma", type=int, help="the drafters' lookahead (default: each drafter's own; "
                    "the 'gamma=8' rows keep 8)")
