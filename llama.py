@@ -322,9 +322,9 @@ class Model(nn.Module):
 
     def set_exact(self, exact: bool) -> "Model":
         """Batch-invariant products and attention: a token's logits are then bit for bit the
-        same whether it is computed alone or on any branch of a verification pass, so greedy speculative decoding follows autoregressive decoding
-        through near-ties that a fused kernel would flip. False: the kernels torch picks
-        (docs/performance.md: what each costs)."""
+        same whether it is computed alone or on any branch of a verification pass, so greedy
+        speculative decoding follows autoregressive decoding through near-ties that a fused
+        kernel would flip. False: the kernels torch picks (docs/performance.md: what each costs)."""
         self.exact = exact
         for m in self.modules():
             if isinstance(m, Linear):  # (Attention follows the layout Model.forward hands it)
@@ -726,8 +726,9 @@ class Int8Linear(nn.Module):
     x is rounded the same way, x ~= a * X with its own a = max|x_row| / 127, and X @ Q.T is exact
     in int32 (torch._int_mm, VNNI on x86), so y = a * (X @ Q.T) * s. Its rows do not depend on
     one another, and a draft catching up on 20 tokens after a copy step, or reading a prompt,
-    costs about half of what it did with int8 weights times bf16 rows (docs/performance.md). The rounding moves the draft's q a little and so its acceptance, never the
-    output: every drafted token is still verified by the target against that same q."""
+    costs about half of what it did with int8 weights times bf16 rows (docs/performance.md).
+    The rounding moves the draft's q a little and so its acceptance, never the output: every
+    drafted token is still verified by the target against that same q."""
 
     def __init__(self, q, scales, bias=None):
         super().__init__()

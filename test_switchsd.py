@@ -411,7 +411,10 @@ def test_tiled_products_do_not_depend_on_the_row_count(dtype):
     X = torch.randn(81, 8960, generator=g).to(dtype)
     V = torch.randn(2, 1000, 128, generator=g).to(dtype)
     P = torch.softmax(torch.randn(2, 81, 1000, generator=g), -1).to(dtype)
-    product = (lambda x: lin.blocked(x, llama.EXACT_BLOCK)) if dtype == torch.float32 else (lambda x: torch.nn.functional.linear(x, lin.weight))
+    if dtype == torch.float32:
+        product = lambda x: lin.blocked(x, llama.EXACT_BLOCK)
+    else:
+        product = lambda x: torch.nn.functional.linear(x, lin.weight)
     with torch.no_grad():
         for f, x in ((product, X), (lambda p: p @ V, P)):
             alone = torch.cat([llama.tiled(f, x[..., r:r + 1, :]) for r in range(81)], dim=-2)
