@@ -814,7 +814,7 @@ def bench_replay(a):
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
         full, L, pld = pc["ids"] + pc["out"], len(pc["ids"]), PromptLookup()
         for k, options in enumerate(pc["options"]):
-            accepted = next((a for path, a, _ in options if path == "lookup"), None)
+            accepted = next((n for path, n, _ in options if path == "lookup"), None)
             if accepted is not None and pld.propose(full[:L + k], len(pc["out"]) - k - 1):
                 lookups.setdefault((pc["task"], pc["scores"][k] >= pc["tau"], pld.matched >= 2), []).append(accepted)
     med = statistics.median
