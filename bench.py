@@ -356,7 +356,7 @@ def path_costs(setup, ids, out, fam) -> dict:
     out[k:], found without a target pass. Its cost is measured on that same state: the draft's
     own seconds (timed here) plus the verification step of its tree's size (pass_seconds).
     The paths: the copy retriever wherever its kappa-gram recurs (gate or not), PLD's lookup,
-    the neural drafter of family `fam`, a plain step. The neural drafter's own prefill of the
+    the neural drafter of family `fam`, a plain step (its spare rows carrying the lookup's head). The neural drafter's own prefill of the
     prompt (its first draft's extra seconds) is returned apart, as `extra`. `scores`: the
     probe's reading at each state (of its current token, full[L + k - 1])."""
     model, n = setup.model, len(out)
@@ -390,6 +390,9 @@ def path_costs(setup, ids, out, fam) -> dict:
                 if tree is not None:
                     acc = max(common_prefix(p, truth) for p in tree.paths())
                     here.append((path, min(acc, depth), time.perf_counter() - t + cost(len(tree))))
+                if path == "lookup" and tree is not None:  # a plain step's spare rows carry its head
+                    head = tree.tokens[1:model.step_rows]  # (as switchsd.generate plays "ar")
+                    here[0] = ("ar", common_prefix(head, truth), cost(1 + len(head)))
         options.append(here)
     drafts = [c for o in options for p, _, c in o if p == "neural"]
     extra = drafts[0] - statistics.median(drafts) if len(drafts) > 1 else 0.0  # the draft's prefill (at k = 0)
@@ -416,6 +419,7 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict
         for u in (1, 0):
             best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
     switch = switchsd.CostSwitch([a for a in arms if a != "neural" or pc["neural"]])
+    switch.price = extra if pc["neural"] else 0.0  # the drafter's prefill as measured (a live run estimates it)
 
     def replay(k, used):
         on = scores[k] >= pc["tau"]

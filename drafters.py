@@ -111,6 +111,7 @@ class Neural(Protocol):
     """Drafts with a network. Its state may lag the context after steps it did not draft; it
     catches up inside its next propose (lazy propagation)."""
     capture: tuple  # the target's hidden states it reads, as llama.Model.forward's (kind, layer)
+    weights: int  # llama.n_weights of its network: what its prefill of a prompt costs beside the target's
 
     def reset(self, max_len: int) -> None: ...
 
@@ -359,6 +360,7 @@ class DraftModel:
         if self.target_vocab < model.args.vocab_size:
             raise ValueError(f"draft vocabulary of {model.args.vocab_size} exceeds the target's {self.target_vocab}")
         self.last = ("mlp", model.args.n_layers - 1)  # the final residual, before the norm
+        self.weights = llama.n_weights(model)
 
     def reset(self, max_len: int):
         self.cache = self.model.new_cache(max_len + self.gamma)
@@ -555,6 +557,7 @@ class Eagle3:
     def __init__(self, head: Eagle3Head, target, cfg: Eagle3Config = Eagle3Config()):
         self.head, self.target, self.gamma, self.topk, self.threshold = head, target, cfg.gamma, cfg.topk, cfg.threshold
         self.ids = head.draft_ids()  # the target id of each draft-vocabulary row
+        self.weights = llama.n_weights(head)
         L = target.args.n_layers
         if L < 3:
             raise ValueError(f"EAGLE-3 reads layers 2, L//2 and L-3: the target has only {L} layers")

@@ -339,6 +339,12 @@ class Model(nn.Module):
     def dtype(self):  # of the activations and the KV cache, even with int8 weights
         return self.model.embed_tokens.weight.dtype
 
+    @property
+    def step_rows(self) -> int:
+        """Rows a one-token pass computes: the exact kernels pad every product to EXACT_ROWS
+        (tiled), so a plain step may carry that many tokens for little more than its own cost."""
+        return EXACT_ROWS.get(self.dtype, 1) if self.exact else 1
+
     def new_cache(self, max_len: int) -> "KVCache":
         return KVCache(self.args, max_len, self.dtype, self.device)
 
@@ -427,6 +433,11 @@ class Model(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_frequencies(args).to(device)
         return (model.quantize_int8() if int8 else model).set_exact(exact).eval()
+
+
+def n_weights(module: nn.Module) -> int:
+    """The weights a forward of `module` reads, int8 ones included (Int8Linear's buffers)."""
+    return sum(t.numel() for t in (*module.parameters(), *module.buffers()))
 
 
 def parent_of(root: nn.Module, name: str):

@@ -260,6 +260,10 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             neural.observe(hidden)  # EAGLE3 reads the prompt's features here
         score = probe.score(hidden[probe.capture][-1]).item() if probe and hidden else 0.0
         res.prefill_seconds = time.perf_counter() - t0
+        if isinstance(switch, CostSwitch) and neural:  # a step's cost and a prefill's go by weights:
+            share = neural.weights / llama.n_weights(model)
+            switch.price = res.prefill_seconds * share  # the drafter's prefill, to come
+            switch.best = (1 + neural.gamma * share) / (neural.gamma + 1)  # its plain steps per token at best
 
         while True:
             budget = min(max_new_tokens - len(res.output_ids), limit - len(ctx))
@@ -275,6 +279,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             # 2. Draft. A copier that finds nothing hands the step to the neural drafter, except
             #    the bandit's copy arm: its empty draft is an AR step on the copy arm's account.
             tree = copier.propose(ctx, depth) if kind == "copy" else switch.found if kind == "lookup" else None
+            if arm == "ar" and method == "switchsd" and switch and switch.found:  # a plain step's spare
+                tree = Tree.chain(ctx[-1], switch.found.tokens[1:model.step_rows])  # rows carry the lookup's head
             if kind == "copy" and tree is None and method != "banditspec":
                 kind = "neural"
             if kind == "neural" and neural is None:
@@ -358,7 +364,8 @@ class CostSwitch:
     so a neural step pays only where its drafts are accepted. The paths:
         lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
         neural  the neural drafter (when the run has one);
-        ar      a plain target step.
+        ar      a plain target step; where PLD finds a match, the rows the exact kernels compute
+                anyway (llama.Model.step_rows: 4 in float32 on a CPU) carry its first tokens.
     A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
     ones decayed by `decay` per step, so the estimate follows the text.
 
@@ -372,13 +379,19 @@ class CostSwitch:
     first from the fastest step so far, a lower bound: every step runs a target pass. The
     scores are kept apart by what predicts them: whether the probe reads copy intent (`on`)
     and whether PLD matched two tokens or more (docs/results.md: "The switch").
-    The neural drafter's drafts have no such free check: it is tried until it has `trials`
-    measured steps, and played once more when left unplayed for `stale` picks. Its first step
-    also runs its own prefill of the prompt, and is not measured: once paid, the prefill is
-    sunk, and only what the drafter's next steps cost says whether to go on drafting with it.
-    A plain step is never tried for its own sake: one token per the fastest step so far is a
-    lower bound on its rate. The choice never changes what is emitted: every draft is verified
-    as before.
+    The other paths have no such free check: each is tried until it has `trials` measured
+    steps, and the neural drafter played once more when left unplayed for `stale` picks. Its
+    first step also runs its own prefill of the prompt, and is not measured: once paid, the
+    prefill is sunk, and only what the drafter's next steps cost says whether to go on drafting
+    with it. Rent or buy: that prefill costs as much as many steps (a 700-token article's, 17
+    of the 1.5B's steps in float32 on a CPU), so the drafter is offered only once the steps
+    played without it have lost as much as it will cost, the deterministic rule of the
+    ski-rental problem (Karlin et al. 1988). A step's loss (`spent`) is its time beyond what
+    the drafter at its best would have taken for its tokens (all gamma drafts accepted, each
+    draft step costing a plain step scaled by their weights, `best`); its price is the
+    target's own prefill scaled the same way. So where the lookups and copies carry the text
+    it never pays for the drafter, and where plain steps do, the steps before it lose at most
+    its price. The choice never changes what is emitted: every draft is verified as before.
     """
     decay, trials, stale = 0.8, 2, 32
 
@@ -391,6 +404,8 @@ class CostSwitch:
         self.scored, self.n = {}, {}  # key -> decayed tokens a lookup step would have emitted, and their count
         self.t, self.fastest, self.key = 0, math.inf, None  # picks so far; the fastest step so far, in seconds
         self.primed = False  # has the neural drafter run its prefill?
+        self.price, self.best = 0.0, 0.0  # its prefill's seconds, its least plain steps per token (estimated)
+        self.spent = 0.0  # seconds the steps before its prefill took beyond what it would have at best
 
     def score_shadows(self, ctx):
         """Score the lookup drafts that the emitted text `ctx` has passed: accepted + 1 tokens."""
@@ -409,8 +424,6 @@ class CostSwitch:
         if arm == "lookup":
             seconds = self.seconds["lookup"] / self.steps["lookup"] if self.plays["lookup"] else self.fastest
             return self.scored[self.key] / self.n[self.key] / seconds
-        if arm == "ar" and not self.plays["ar"]:
-            return 1 / self.fastest
         if self.plays[arm] < self.trials:
             return math.inf
         return self.tokens[arm] / max(self.seconds[arm], 1e-9)
@@ -420,7 +433,7 @@ class CostSwitch:
         self.t += 1
         self.score_shadows(ctx)
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
-        offered = [a for a in self.arms if a != "lookup"]
+        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.price)]
         if self.found is not None:
             self.key = (on, self.lookup.matched >= 2)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
@@ -441,6 +454,9 @@ class CostSwitch:
         self.tokens[arm] = self.decay * self.tokens[arm] + tokens
         self.seconds[arm] = self.decay * self.seconds[arm] + seconds
         self.steps[arm] = self.decay * self.steps[arm] + 1
+        if not self.primed:  # the rent: what the drafter, accepting all it drafts, could have saved
+            plain = self.seconds["ar"] / self.steps["ar"] if self.plays["ar"] else self.fastest
+            self.spent += seconds - tokens * self.best * plain
 
 
 class UCBSpec:

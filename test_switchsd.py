@@ -1216,7 +1216,7 @@ def test_gate_truth_table(copier_model):
 def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
     """Every switch: banditspec, and switchsd with each policy and gate."""
     target = neural_setup[0]
-    copied, paths = 0, set()
+    copied, paths, spare = 0, set(), 0
     runs = [("banditspec", {})] + [("switchsd", dict(policy=p, gate=g)) for p in switchsd.POLICIES for g in switchsd.GATES]
     for prompt in repetitive_prompts(3, seed=13):
         ref = switchsd.generate(target, prompt, max_new_tokens=40).output_ids
@@ -1228,7 +1228,10 @@ def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
                 assert res.output_ids == ref, (method, kw)
                 copied += sum(s.accepted for s in res.steps if s.path == "copy")
                 paths |= {s.path for s in res.steps}
+                spare += sum(s.accepted for s in res.steps if s.path == "ar" and method == "switchsd")
+                assert all(s.drafted < target.step_rows for s in res.steps if s.path == "ar")
     assert copied > 50 and paths == {"ar", "copy", "lookup", "neural"}
+    assert target.step_rows == 4 and spare > 0  # plain steps' spare rows carried the lookup's head
 
 
 def test_gates_and_their_ablations():
@@ -1250,9 +1253,10 @@ def test_gates_and_their_ablations():
 
 def test_cost_switch_plays_the_fastest_path():
     """CostSwitch: the lookup scored at every pick without being played, and offered once its
-    kind of match has a score; the neural drafter tried until measured, its first step (its
-    prefill, a sunk cost) not measured; then the best tokens/s, a plain step once the drafts
-    pay less, the drafter retried when stale."""
+    kind of match has a score; the neural drafter and a plain step tried until measured, the
+    drafter's first step (its prefill, a sunk cost) not measured, and the drafter not offered
+    before the steps without it have spent its prefill's price; then the best tokens/s, a
+    plain step once the drafts pay less, the drafter retried when stale."""
     sw = switchsd.CostSwitch(["lookup", "neural", "ar"])
     period, fresh = list(range(100, 120)), iter(range(1000, 10 ** 6))
     ctx, picks = period * 2, []
@@ -1270,15 +1274,21 @@ def test_cost_switch_plays_the_fastest_path():
         sw.update(arm, n, s)
         ctx += ([period[(len(ctx) + i) % 20] for i in range(n)] if repeating else  # novel, ending in a recurring token at every other step
                 [next(fresh) for _ in range(n - 1)] + [100 if n > 1 or t % 2 else next(fresh)])
-    assert picks[:4] == ["neural"] * 4  # its prefill, 2 trials, and one more: no lookup draft scored yet
-    assert picks[4:36] == ["lookup"] * 32  # 11 tokens per 1.5 s, scored from the neural steps' text
-    assert picks[36] == "neural"  # stale: retried once
+    assert picks[:5] == ["neural"] * 3 + ["ar"] * 2  # its prefill and 2 trials; a plain step's 2 trials
+    assert picks[5:35] == ["lookup"] * 30  # 11 tokens per 1.5 s, scored from the earlier steps' text
+    assert picks[35] == "neural"  # stale: retried once
     assert "lookup" not in picks[40:] and sum(n for (on, _), n in sw.n.items() if not on) > 4  # scored, not played
     assert picks[40:70].count("neural") >= 29  # 3 tokens/s beat a plain step
     assert picks[75:].count("ar") >= 33  # the drafter paid 0.5 tokens/s: plain steps, it retried when stale
     assert 0 < picks[75:].count("neural") <= 2
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter, no lookup scored yet
     assert sw.pick(period * 2, 10, True) == "ar"
+    sw, picks = switchsd.CostSwitch(["neural", "ar"]), []  # rent or buy: a drafter whose prefill
+    sw.price = 4.5  # will cost 4.5 s is first offered once plain steps have spent that much
+    for t in range(7):
+        picks.append(sw.pick(period, 10, False))
+        sw.update(picks[-1], 1, 1.0)
+    assert picks == ["ar"] * 5 + ["neural"] * 2
 
 
 @pytest.mark.slow
