@@ -832,6 +832,26 @@ def bench_replay(a):
             for (t, on, two), x in sorted(lookups.items()) if t == task))
 
 
+def bench_trace(a):
+    """One prompt's steps, method by method: each step's path (a plain, c copy, l lookup, n
+    neural), the tokens it accepted and its seconds, to read what a switch chose and paid."""
+    s = Setup(a.model, draft=a.draft_model, kernels=a.kernels)
+    rows = {"AR": "AR"} | {m if isinstance(m, str) else m[0]: m for m in table1_methods(a.draft_model, None, s.probe, True)}
+    if unknown := [m for m in a.methods if m not in rows]:
+        sys.exit(f"bench.py trace --methods: no row {', '.join(map(repr, unknown))}; rows: {', '.join(rows)}")
+    ids = s.prompt_ids(task_prompts(a.task, a.index + 1)[a.index])
+    print(f"{NAMES[a.task]} prompt {a.index}: {len(ids)} tokens; {machine()}, {dtype_name(s.dtype)}, {a.kernels} kernels")
+    for label in a.methods:
+        _, base, kw = (label, rows[label], {}) if isinstance(rows[label], str) else rows[label]
+        r = s.run(base, ids, a.tokens, **kw)
+        by = {p: [st for st in r.steps if st.path == p] for p in ("copy", "lookup", "neural", "ar")}
+        print(f"{label}: prefill {r.prefill_seconds:.2f} s, decoding {r.seconds - r.prefill_seconds:.2f} s, "
+              f"{len(r.output_ids)} tokens; " + ", ".join(
+                  f"{p} {len(v)} steps {sum(st.seconds for st in v):.2f} s accepting {sum(st.accepted for st in v)}"
+                  for p, v in by.items() if v))
+        print("  " + " ".join(f"{st.path[0]}{st.accepted}:{st.seconds:.2f}" for st in r.steps))
+
+
 def bench_analysis(a):
     """Section 4.2: at every position of the AR output where the kappa-gram recurs, what would
     the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
@@ -1137,6 +1157,14 @@ def main():
     p.add_argument("paths", help="the run's <out>_paths.json")
     p.add_argument("--arms", nargs="+", default=["lookup", "neural", "ar"], choices=["lookup", "neural", "ar"],
                    help="the paths the policy may take where the gate does not copy")
+    p = sub.add_parser("trace", help="one prompt's steps, method by method: path, accepted tokens, seconds")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--task", default="cnndm", choices=list(NAMES))
+    p.add_argument("--index", type=int, default=0, help="the task's prompt, from 0")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--kernels", default="exact", choices=switchsd.KERNELS)
+    p.add_argument("--methods", nargs="+", default=["PLD", "SwitchSD[SPS]", "SwitchSD[SPS] paper switch"])
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
@@ -1191,7 +1219,7 @@ def main():
             ap.error(f"--data {item}: expected TASK=FILE with TASK in {', '.join(NAMES)} and an existing file")
         TASK_FILES[task] = path
     {"ar": bench_ar, "parity": bench_parity, "copy": bench_copy, "neural": bench_neural, "gate": bench_gate, "heads": bench_heads,
-     "table1": bench_table1, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
+     "table1": bench_table1, "trace": bench_trace, "analysis": bench_analysis, "prompts": bench_prompts, "picture": bench_picture,
      "probe-cost": bench_probe_cost, "passes": bench_passes, "pool": bench_pool, "replay": bench_replay,
      "invariance": bench_invariance, "kernels": bench_kernels}[a.cmd](a)
     if DIFFS:

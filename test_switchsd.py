@@ -1772,6 +1772,21 @@ def test_bench_quick_smoke_run(tmp_path):
 # fetch.py: GGUF -> Hugging Face folder
 # ---------------------------------------------------------------------------------------
 
+def test_bench_trace_prints_each_methods_steps(tmp_path, monkeypatch, capsys):
+    import argparse
+    import bench
+    src = make_checkpoint(tmp_path / "t", max_position_embeddings=4096)
+    draft = noisy_copy(tmp_path / "d", src, 0.1)
+    (tmp_path / "he.jsonl").write_text(json.dumps({"prompt": "def f(x):\n    return x + x\n"}) + "\n")
+    monkeypatch.setitem(bench.TASK_FILES, "humaneval", tmp_path / "he.jsonl")
+    bench.bench_trace(argparse.Namespace(model=str(src), draft_model=str(draft), task="humaneval", index=0, tokens=12,
+                                         kernels="exact", methods=["AR", "PLD", "SPS"]))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("HumanEval prompt 0:") and [l.split(":")[0] for l in out[1::2]] == ["AR", "PLD", "SPS"]
+    assert all(len(l.split()) >= 1 and all(w[0] in "acln" for w in l.split()) for l in out[2::2])
+    assert "ar 12 steps" in out[1] and "12 tokens" in out[1]  # AR: one token a step
+
+
 def test_gguf_conversion_round_trip(tmp_path):
     """A llama model written to GGUF as llama.cpp writes it (q/k rows permuted, a Q8_0
     tensor, the vocabulary as metadata) converts back to the same logits and tokenizer."""
