@@ -356,9 +356,10 @@ def path_costs(setup, ids, out, fam) -> dict:
     out[k:], found without a target pass. Its cost is measured on that same state: the draft's
     own seconds (timed here) plus the verification step of its tree's size (pass_seconds).
     The paths: the copy retriever wherever its kappa-gram recurs (gate or not), PLD's lookup,
-    the neural drafter of family `fam`, a plain step (its spare rows carrying the lookup's head). The neural drafter's own prefill of the
-    prompt (its first draft's extra seconds) is returned apart, as `extra`. `scores`: the
-    probe's reading at each state (of its current token, full[L + k - 1])."""
+    the neural drafter of family `fam`, a plain step (its spare rows carrying the lookup's
+    head). The neural drafter's own prefill of the prompt (its first draft's extra seconds) is
+    returned apart, as `extra`. `scores`: the probe's reading at each state (of its current
+    token, full[L + k - 1])."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
