@@ -278,9 +278,8 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             kind = arm or "ar"
             # 2. Draft. A copier that finds nothing hands the step to the neural drafter, except
             #    the bandit's copy arm: its empty draft is an AR step on the copy arm's account.
-            tree = copier.propose(ctx, depth) if kind == "copy" else switch.found if kind == "lookup" else None
-            if arm == "ar" and method == "switchsd" and switch and switch.found:  # a plain step's spare
-                tree = Tree.chain(ctx[-1], switch.found.tokens[1:model.step_rows])  # rows carry the lookup's head
+            tree = (copier.propose(ctx, depth) if kind == "copy" else
+                    switch.draft(arm, model.step_rows) if arm in ("lookup", "ar") else None)
             if kind == "copy" and tree is None and method != "banditspec":
                 kind = "neural"
             if kind == "neural" and neural is None:
@@ -442,6 +441,13 @@ class CostSwitch:
         if "neural" in offered and self.plays["neural"] and self.t - self.last["neural"] > self.stale:
             return "neural"
         return max(offered, key=self.rate)  # ties (an untried drafter) go to the first
+
+    def draft(self, arm: str, rows: int):
+        """The draft of a step of `arm` ("lookup" or "ar") at this pick: the lookup's whole, or
+        its first rows - 1 tokens in a plain step's spare rows (llama.Model.step_rows)."""
+        if self.found is None or arm == "lookup":
+            return self.found
+        return Tree.chain(self.found.tokens[0], self.found.tokens[1:rows])
 
     def update(self, arm: str, tokens: int, seconds: float):
         """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`."""
