@@ -420,6 +420,18 @@ def test_tiled_products_do_not_depend_on_the_row_count(dtype):
             alone = torch.cat([llama.tiled(f, x[..., r:r + 1, :]) for r in range(81)], dim=-2)
             for M in (2, 5, 11, 16, 32, 33, 48, 81):
                 assert torch.equal(llama.tiled(f, x[..., :M, :]), alone[..., :M, :]), M
+    # A narrow layer (the tiny test models' key and value projections, 32 x 64), over many rows:
+    # in bf16 a different reduction order shows only where a sum rounds across a bf16 step, so
+    # rarely (on an AVX512-bf16 AMD EPYC, 2-row products differed from wider ones in 10 of
+    # 255,000 outputs: llama.EXACT_ROWS).
+    narrow = llama.Linear(64, 32, bias=False, dtype=dtype)
+    narrow.weight.data = (torch.randn(32, 64, generator=g) * 0.5).to(dtype)
+    narrow.exact = True
+    X = torch.randn(8000, 64, generator=g).to(dtype)
+    with torch.no_grad():
+        alone = torch.cat([narrow(X[i:i + 1]) for i in range(len(X))])
+        for M in range(2, llama.EXACT_ROWS[dtype] + 3):
+            assert torch.equal(torch.cat([narrow(X[i:i + M])[:1] for i in range(len(X))]), alone), M
 
 
 @pytest.mark.parametrize("keys", [8, llama.EXACT_KEYS])
