@@ -404,7 +404,8 @@ def test_tiled_products_do_not_depend_on_the_row_count(dtype):
     up to a copy tree's 81 rows equals the row alone, for the product an exact Linear runs
     (F.linear in bf16; Linear.blocked in float32 on a CPU). A tiny model's products are too
     small to reach the kernel switches this guards against (bf16 GEMM on an AMX CPU above 32
-    rows; MKL's float32 GEMM below 16, which Linear.blocked must not inherit)."""
+    rows; MKL's float32 GEMM below 16, which Linear.blocked must not inherit); and the floor,
+    EXACT_ROWS, on a narrow layer over many rows."""
     g = torch.Generator().manual_seed(0)
     lin = llama.Linear(8960, 1536, bias=False, dtype=dtype)
     lin.weight.data = torch.randn(1536, 8960, generator=g).to(dtype)
