@@ -359,7 +359,9 @@ def path_costs(setup, ids, out, fam) -> dict:
     the neural drafter of family `fam`, a plain step (its spare rows carrying the lookup's
     head). The neural drafter's own prefill of the prompt (its first draft's extra seconds) is
     returned apart, as `extra`. `scores`: the probe's reading at each state (of its current
-    token, full[L + k - 1])."""
+    token, full[L + k - 1]); `top`: the target's top-token probability of each output token
+    (what switchsd.verify gives CostSwitch); `gamma` and `share`: the neural drafter's
+    lookahead and its weights' share of the target's (CostSwitch.measure)."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
@@ -367,8 +369,9 @@ def path_costs(setup, ids, out, fam) -> dict:
     probe = setup.probe
     capture = (neural.capture if neural else ()) + (probe.capture,)
     with torch.inference_mode():
-        feats = model.forward_sequence(full, capture, logits_at=slice(0, 0))[1]
+        logits, feats = model.forward_sequence(full, capture, logits_at=slice(L - 1, L + n - 1))
         scores = probe.score(feats[probe.capture][L - 1:]).tolist()
+        top = logits.float().softmax(-1).amax(-1).tolist()  # (n,)
     if neural:
         neural.reset(len(full) + CopyConfig.depth)
     fed = 0  # target positions whose features the neural drafter has been given
@@ -399,7 +402,8 @@ def path_costs(setup, ids, out, fam) -> dict:
     extra = drafts[0] - statistics.median(drafts) if len(drafts) > 1 else 0.0  # the draft's prefill (at k = 0)
     options[0] = [(p, a, c - extra if p == "neural" else c) for p, a, c in options[0]]
     return {"ids": ids, "out": out, "options": options, "scores": scores, "extra": extra, "tau": probe.tau,
-            "neural": neural is not None}
+            "neural": neural is not None, "top": top, "gamma": neural.gamma if neural else 0,
+            "share": neural.weights / llama.n_weights(model) if neural else 0.0}
 
 
 def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict:
@@ -421,6 +425,8 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict
             best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
     switch = switchsd.CostSwitch([a for a in arms if a != "neural" or pc["neural"]])
     switch.price = extra if pc["neural"] else 0.0  # the drafter's prefill as measured (a live run estimates it)
+    switch.measure(pc.get("gamma", 0), pc.get("share", 0.0))
+    top = pc.get("top", [])
 
     def replay(k, used):
         on = scores[k] >= pc["tau"]
@@ -438,7 +444,7 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict
             path, a = o[0], o[1]
             steps.append((path, a))
             if arm in switch.arms:
-                switch.update(arm, min(a + 1, n - k), cost_of(o, used))
+                switch.update(arm, min(a + 1, n - k), cost_of(o, used), top[k:k + a + 1])
             seconds, k, used = seconds + cost_of(o, used), k + a + 1, used or path == "neural"
         copy = [a for p, a in steps if p == "copy"]
         rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),

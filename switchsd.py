@@ -139,7 +139,9 @@ class Result:
 def verify(model, cache, tree: Tree, temperature, top_p, gen, capture=()):
     """Run the target over `tree`, accept a path, compact the cache to it.
 
-    Returns (accepted node indices, the bonus token, hidden states of [root] + accepted).
+    Returns (accepted node indices, the bonus token, hidden states of [root] + accepted, and
+    the target's top-token probability at those rows: in greedy decoding, its probability of
+    each token emitted, CostSwitch's forecast of how well a drafter would do here).
     """
     n = cache.n
     mask, pos = llama.tree_mask(tree.parents, n, model.device)
@@ -148,7 +150,8 @@ def verify(model, cache, tree: Tree, temperature, top_p, gen, capture=()):
     path, bonus = accept(logits, tree, temperature, top_p, gen)
     rows = [0, *path]
     cache.keep(n, rows)
-    return path, bonus, {k: h[rows] for k, h in hidden.items()}
+    top = logits[rows].float().softmax(-1).amax(-1)  # (len(rows),)
+    return path, bonus, {k: h[rows] for k, h in hidden.items()}, top.tolist()
 
 
 def accept(logits, tree: Tree, temperature, top_p, gen):
@@ -263,7 +266,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
         if isinstance(switch, CostSwitch) and neural:  # a step's cost and a prefill's go by weights:
             share = neural.weights / llama.n_weights(model)
             switch.price = res.prefill_seconds * share  # the drafter's prefill, to come
-            switch.best = (1 + neural.gamma * share) / (neural.gamma + 1)  # its plain steps per token at best
+            switch.measure(neural.gamma, share)
 
         while True:
             budget = min(max_new_tokens - len(res.output_ids), limit - len(ctx))
@@ -289,7 +292,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             if tree is None:
                 tree = Tree([ctx[-1]])
             # 3. Verify the whole tree in one target pass and accept the longest agreed path.
-            path, bonus, hidden = verify(model, cache, tree, temperature, top_p, gen, capture)
+            path, bonus, hidden, top = verify(model, cache, tree, temperature, top_p, gen, capture)
             if neural:
                 neural.observe(hidden)  # features of the accepted tokens, for its next draft
             if probe:
@@ -303,7 +306,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
             new = new[:end]
             res.steps.append(Step(kind, len(tree) - 1, min(len(path), len(new)), time.perf_counter() - ts))
             if switch and arm in switch.arms:  # (CostSwitch does not choose the gate's copies)
-                switch.update(arm, len(new), res.steps[-1].seconds)
+                switch.update(arm, len(new), res.steps[-1].seconds, top[:len(new)])
             ctx += new
             res.output_ids += new
             if on_tokens:
@@ -387,12 +390,21 @@ class CostSwitch:
     played without it have lost as much as it will cost, the deterministic rule of the
     ski-rental problem (Karlin et al. 1988). A step's loss (`spent`) is its time beyond what
     the drafter at its best would have taken for its tokens (all gamma drafts accepted, each
-    draft step costing a plain step scaled by their weights, `best`); its price is the
-    target's own prefill scaled the same way. So where the lookups and copies carry the text
-    it never pays for the drafter, and where plain steps do, the steps before it lose at most
-    its price. The choice never changes what is emitted: every draft is verified as before.
+    draft step costing `cost` plain steps: one, plus gamma draft steps scaled by the weights);
+    its price is the target's own prefill scaled the same way. So where the lookups and copies
+    carry the text it never pays for the drafter, and where plain steps do, the steps before it
+    lose at most its price.
+    The rule is sharpened by a forecast (Purohit et al. 2018, "Improving Online Algorithms via
+    ML Predictions": buy at lambda x price when the forecast says buying pays, at price /
+    lambda when not, lambda = `trust`): the target's own confidence on the text so far, its
+    mean top-token probability a over the tokens these steps emitted, forecasts a draft step's
+    tokens as if each draft were accepted with probability a, sum_{i<=gamma} a^i; buying pays
+    if that, per `cost` plain steps, beats the tokens per plain step the steps without it
+    earned. A wrong forecast costs at most 1 + 1 / lambda times the best choice's loss, a right
+    one 1 + lambda (ibid.). The choice never changes what is emitted: every draft is verified
+    as before.
     """
-    decay, trials, stale = 0.8, 2, 32
+    decay, trials, stale, trust = 0.8, 2, 32, 0.5
 
     def __init__(self, arms):
         self.arms = list(arms)
@@ -403,8 +415,9 @@ class CostSwitch:
         self.scored, self.n = {}, {}  # key -> decayed tokens a lookup step would have emitted, and their count
         self.t, self.fastest, self.key = 0, math.inf, None  # picks so far; the fastest step so far, in seconds
         self.primed = False  # has the neural drafter run its prefill?
-        self.price, self.best = 0.0, 0.0  # its prefill's seconds, its least plain steps per token (estimated)
+        self.price, self.gamma, self.cost = 0.0, 0, 1.0  # its prefill's seconds; its step's drafts and plain steps
         self.spent = 0.0  # seconds the steps before its prefill took beyond what it would have at best
+        self.sure, self.emitted = 0.0, 0.0  # decayed sums: the target's top-token probabilities, tokens
 
     def score_shadows(self, ctx):
         """Score the lookup drafts that the emitted text `ctx` has passed: accepted + 1 tokens."""
@@ -432,7 +445,7 @@ class CostSwitch:
         self.t += 1
         self.score_shadows(ctx)
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
-        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.price)]
+        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.threshold())]
         if self.found is not None:
             self.key = (on, self.lookup.matched >= 2)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
@@ -442,6 +455,24 @@ class CostSwitch:
             return "neural"
         return max(offered, key=self.rate)  # ties (an untried drafter) go to the first
 
+    def plain(self) -> float:
+        """Seconds of a plain step: as measured, or before the first the fastest step so far."""
+        return self.seconds["ar"] / self.steps["ar"] if self.plays["ar"] else self.fastest
+
+    def measure(self, gamma: int, share: float):
+        """The neural drafter's step: gamma drafts, each a pass of `share` of the target's weights."""
+        self.gamma, self.cost = gamma, 1 + gamma * share  # in plain steps
+
+    def threshold(self) -> float:
+        """The loss at which the neural drafter is bought: its price, scaled by the forecast."""
+        renters = [k for k in self.arms if k != "neural"]
+        if not self.emitted or not any(self.plays[k] for k in renters):
+            return self.price  # nothing to forecast from yet
+        a = self.sure / self.emitted  # the target's mean confidence
+        forecast = sum(a ** i for i in range(self.gamma + 1)) / self.cost  # tokens per plain step, bought
+        renting = sum(self.tokens[k] for k in renters) * self.plain() / sum(self.seconds[k] for k in renters)
+        return self.price * self.trust if forecast > renting else self.price / self.trust
+
     def draft(self, arm: str, rows: int):
         """The draft of a step of `arm` ("lookup" or "ar") at this pick: the lookup's whole, or
         its first rows - 1 tokens in a plain step's spare rows (llama.Model.step_rows)."""
@@ -449,9 +480,12 @@ class CostSwitch:
             return self.found
         return Tree.chain(self.found.tokens[0], self.found.tokens[1:rows])
 
-    def update(self, arm: str, tokens: int, seconds: float):
-        """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`."""
+    def update(self, arm: str, tokens: int, seconds: float, top=()):
+        """A step of `arm`, picked at the last pick, emitted `tokens` in `seconds`; top: the
+        target's top-token probability at each (verify)."""
         self.last[arm] = self.t
+        self.sure = self.decay * self.sure + sum(top)
+        self.emitted = self.decay * self.emitted + len(top)
         if arm == "neural" and not self.primed:  # its prefill: sunk, not a cost of its next steps
             self.primed = True
             return
@@ -461,8 +495,7 @@ class CostSwitch:
         self.seconds[arm] = self.decay * self.seconds[arm] + seconds
         self.steps[arm] = self.decay * self.steps[arm] + 1
         if not self.primed:  # the rent: what the drafter, accepting all it drafts, could have saved
-            plain = self.seconds["ar"] / self.steps["ar"] if self.plays["ar"] else self.fastest
-            self.spent += seconds - tokens * self.best * plain
+            self.spent += seconds - tokens * self.cost / (self.gamma + 1) * self.plain()
 
 
 class UCBSpec:
@@ -501,8 +534,9 @@ class UCBSpec:
         t = sum(self.n.values())
         return max(self.arms, key=lambda a: self.total[a] / self.n[a] + math.sqrt(self.c * math.log(t) / self.n[a]))
 
-    def update(self, arm: str, tokens: int, seconds: float):
-        """A step of `arm` emitted `tokens` in `seconds`."""
+    def update(self, arm: str, tokens: int, seconds: float, top=()):
+        """A step of `arm` emitted `tokens` in `seconds` (top, the target's confidence that
+        CostSwitch reads, is not part of the bandit's reward)."""
         self.n[arm] += 1
         self.total[arm] += tokens / max(seconds, 1e-9)
 

@@ -983,6 +983,22 @@ def test_ar_greedy_matches_recomputation(tiny):
     assert res.stop == "length" and len(res.steps) == 25
 
 
+def test_verify_reports_the_targets_confidence_in_each_token(tiny):
+    """verify's last value, which CostSwitch's forecast reads: the target's top-token
+    probability at the root and at each accepted row, as a full forward computes it."""
+    model, _ = tiny
+    prompt = list(range(30, 45))
+    out = ar_reference(model, prompt, 5)
+    cache = model.new_cache(64)
+    mask, pos = llama.causal_mask(len(prompt) - 1, 0, model.device)
+    model(torch.tensor(prompt[:-1]), pos, mask, cache, logits_at=slice(0, 0), exact=False)
+    wrong = (out[4] + 1) % model.args.vocab_size
+    path, bonus, _, top = switchsd.verify(model, cache, Tree.chain(prompt[-1], out[:4] + [wrong]), 0.0, 1.0, None)
+    assert len(path) == 4 and bonus == out[4]
+    p = full_logits(model, prompt + out[:4])[len(prompt) - 1:].float().softmax(-1)
+    assert top == pytest.approx(p.amax(-1).tolist(), abs=1e-5)
+
+
 def test_prompt_over_context_is_refused(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="prompt is 600 tokens; the model's context is 512"):
@@ -1296,12 +1312,19 @@ def test_cost_switch_plays_the_fastest_path():
     assert 0 < picks[75:].count("neural") <= 2
     sw = switchsd.CostSwitch(["lookup", "ar"])  # no neural drafter, no lookup scored yet
     assert sw.pick(period * 2, 10, True) == "ar"
-    sw, picks = switchsd.CostSwitch(["neural", "ar"]), []  # rent or buy: a drafter whose prefill
-    sw.price = 4.5  # will cost 4.5 s is first offered once plain steps have spent that much
-    for t in range(7):
-        picks.append(sw.pick(period, 10, False))
-        sw.update(picks[-1], 1, 1.0)
-    assert picks == ["ar"] * 5 + ["neural"] * 2
+    # Rent or buy: a drafter whose prefill will cost 4 s, whose step costs 2 plain steps and
+    # would emit 5 tokens at best (gamma 4), is first offered once 1 s plain steps (each 0.6 s
+    # slower than it at best) have lost that much; at half that loss where the target's
+    # confidence forecasts that it pays (0.95: 2.26 tokens per plain step), at twice that
+    # where it forecasts that it does not (0.3: 0.71).
+    for top, rent in (((), 7), ((0.95,), 4), ((0.3,), 14)):
+        sw, picks = switchsd.CostSwitch(["neural", "ar"]), []
+        sw.price = 4.0
+        sw.measure(4, 0.25)
+        for t in range(rent + 2):
+            picks.append(sw.pick(period, 10, False))
+            sw.update(picks[-1], 1, 1.0, top)
+        assert picks == ["ar"] * rent + ["neural"] * 2, top
 
 
 @pytest.mark.slow
