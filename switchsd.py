@@ -389,9 +389,10 @@ class CostSwitch:
     of the 1.5B's steps in float32 on a CPU), so the drafter is offered only once the steps
     played without it have lost as much as it will cost, the deterministic rule of the
     ski-rental problem (Karlin et al. 1988). A step's loss (`spent`) is its time beyond what
-    the drafter at its best would have taken for its tokens (all gamma drafts accepted, each
-    draft step costing `cost` plain steps: one, plus gamma draft steps scaled by the weights);
-    its price is the target's own prefill scaled the same way. So where the lookups and copies
+    the drafter at its best would have taken for its tokens (all gamma drafts accepted, a
+    drafter's step costing `cost` plain steps: the target's pass plus gamma draft passes, each
+    scaled by its weights against the target's); its price is the target's own prefill scaled
+    the same way. So where the lookups and copies
     carry the text it never pays for the drafter, and where plain steps do, the steps before it
     lose at most its price.
     The rule is sharpened by a forecast (Purohit et al. 2018, "Improving Online Algorithms via
@@ -400,9 +401,9 @@ class CostSwitch:
     mean top-token probability a over the tokens these steps emitted, forecasts a draft step's
     tokens as if each draft were accepted with probability a, sum_{i<=gamma} a^i; buying pays
     if that, per `cost` plain steps, beats the tokens per plain step the steps without it
-    earned. A wrong forecast costs at most 1 + 1 / lambda times the best choice's loss, a right
-    one 1 + lambda (ibid.). The choice never changes what is emitted: every draft is verified
-    as before.
+    earned. Whatever the forecast, the total cost stays within 1 + 1 / lambda of the best
+    choice's, and within 1 + lambda when it is right (ibid.). The choice never changes what is
+    emitted: every draft is verified as before.
     """
     decay, trials, stale, trust = 0.8, 2, 32, 0.5
 
