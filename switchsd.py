@@ -392,9 +392,8 @@ class CostSwitch:
     the drafter at its best would have taken for its tokens (all gamma drafts accepted, a
     drafter's step costing `cost` plain steps: the target's pass plus gamma draft passes, each
     scaled by its weights against the target's); its price is the target's own prefill scaled
-    the same way. So where the lookups and copies
-    carry the text it never pays for the drafter, and where plain steps do, the steps before it
-    lose at most its price.
+    the same way. So where the lookups and copies carry the text it never pays for the drafter,
+    and where plain steps do, the steps before it lose at most its price.
     The rule is sharpened by a forecast (Purohit et al. 2018, "Improving Online Algorithms via
     ML Predictions": buy at lambda x price when the forecast says buying pays, at price /
     lambda when not, lambda = `trust`): the target's own confidence on the text so far, its
@@ -446,7 +445,8 @@ class CostSwitch:
         self.t += 1
         self.score_shadows(ctx)
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
-        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.threshold())]
+        bought = self.primed or self.spent >= self.threshold()  # once paid, its prefill is sunk
+        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or bought)]
         if self.found is not None:
             self.key = (on, self.lookup.matched >= 2)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))

@@ -1317,7 +1317,7 @@ def test_cost_switch_plays_the_fastest_path():
     # slower than it at best) have lost that much; at half that loss where the target's
     # confidence forecasts that it pays (0.95: 2.26 tokens per plain step), at twice that
     # where it forecasts that it does not (0.3: 0.71).
-    for top, rent in (((), 7), ((0.95,), 4), ((0.3,), 14)):
+    for top, rent in (((), 7), ((0.3,), 14), ((0.95,), 4)):
         sw, picks = switchsd.CostSwitch(["neural", "ar"]), []
         sw.price = 4.0
         sw.measure(4, 0.25)
@@ -1325,6 +1325,9 @@ def test_cost_switch_plays_the_fastest_path():
             picks.append(sw.pick(period, 10, False))
             sw.update(picks[-1], 1, 1.0, top)
         assert picks == ["ar"] * rent + ["neural"] * 2, top
+    for t in range(3):  # bought on a forecast that then turns, it stays offered: its prefill is sunk
+        assert sw.pick(period, 10, False) == "neural"
+        sw.update("neural", 3, 1.0, (0.01,) * 3)
 
 
 @pytest.mark.slow
