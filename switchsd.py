@@ -393,7 +393,12 @@ class CostSwitch:
     drafter's step costing `cost` plain steps: the target's pass plus gamma draft passes, each
     scaled by its weights against the target's); its price is the target's own prefill scaled
     the same way. So where the lookups and copies carry the text it never pays for the drafter,
-    and where plain steps do, the steps before it lose at most its price.
+    and where plain steps do, the steps before it lose at most its price. Once bought, the
+    drafter's step replaces the plain step: it stops drafting after a token it doubts
+    (drafters.SPSConfig.threshold), so where its drafts fail it costs about a plain step (1.1-1.2
+    of one: `bench.py trace --task qa`) and emits as much, and where they hold it emits more. A
+    choice between the two on a few measured steps would read noise: two unlucky drafts left a
+    QA answer on plain steps to its end (docs/results.md, "The switch").
     The rule is sharpened by a forecast (Purohit et al. 2018, "Improving Online Algorithms via
     ML Predictions": buy at lambda x price when the forecast says buying pays, at price /
     lambda when not, lambda = `trust`): the target's own confidence on the text so far, its
@@ -445,8 +450,11 @@ class CostSwitch:
         self.t += 1
         self.score_shadows(ctx)
         self.found = self.lookup.propose(ctx, depth) if "lookup" in self.arms else None
-        bought = self.primed or self.spent >= self.threshold()  # once paid, its prefill is sunk
-        offered = [a for a in self.arms if a != "lookup" and (a != "neural" or bought)]
+        if self.primed:  # bought: its prefill is sunk, and its step replaces the plain step
+            offered = ["neural"]
+        else:
+            bought = self.spent >= self.threshold()
+            offered = [a for a in self.arms if a != "lookup" and (a != "neural" or bought)]
         if self.found is not None:
             self.key = (on, self.lookup.matched >= 2)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
