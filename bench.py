@@ -403,7 +403,7 @@ def path_costs(setup, ids, out, fam) -> dict:
     options[0] = [(p, a, c - extra if p == "neural" else c) for p, a, c in options[0]]
     return {"ids": ids, "out": out, "options": options, "scores": scores, "extra": extra, "tau": probe.tau,
             "neural": neural is not None, "top": top, "gamma": neural.gamma if neural else 0,
-            "share": neural.weights / llama.n_weights(model) if neural else 0.0}
+            "share": switchsd.CostSwitch.share(neural, model) if neural else 0.0}
 
 
 def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict:

@@ -264,7 +264,7 @@ def generate(model, prompt_ids, method="ar", copier=None, neural=None, probe=Non
         score = probe.score(hidden[probe.capture][-1]).item() if probe and hidden else 0.0
         res.prefill_seconds = time.perf_counter() - t0
         if isinstance(switch, CostSwitch) and neural:  # a step's cost and a prefill's go by weights:
-            share = neural.weights / llama.n_weights(model)
+            share = CostSwitch.share(neural, model)
             switch.price = res.prefill_seconds * share  # the drafter's prefill, to come
             switch.measure(neural.gamma, share)
 
@@ -453,8 +453,7 @@ class CostSwitch:
         if self.primed:  # bought: its prefill is sunk, and its step replaces the plain step
             offered = ["neural"]
         else:
-            bought = self.spent >= self.threshold()
-            offered = [a for a in self.arms if a != "lookup" and (a != "neural" or bought)]
+            offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.threshold())]
         if self.found is not None:
             self.key = (on, self.lookup.matched >= 2)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
@@ -467,6 +466,11 @@ class CostSwitch:
     def plain(self) -> float:
         """Seconds of a plain step: as measured, or before the first the fastest step so far."""
         return self.seconds["ar"] / self.steps["ar"] if self.plays["ar"] else self.fastest
+
+    @staticmethod
+    def share(neural, target) -> float:
+        """A draft pass's cost in target passes, and a draft prefill's in the target's: by weights."""
+        return neural.weights / llama.n_weights(target)
 
     def measure(self, gamma: int, share: float):
         """The neural drafter's step: gamma drafts, each a pass of `share` of the target's weights."""
