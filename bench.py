@@ -360,8 +360,9 @@ def path_costs(setup, ids, out, fam) -> dict:
     head). The neural drafter's own prefill of the prompt (its first draft's extra seconds) is
     returned apart, as `extra`. `scores`: the probe's reading at each state (of its current
     token, full[L + k - 1]); `top`: the target's top-token probability of each output token
-    (what switchsd.verify gives CostSwitch); `gamma` and `share`: the neural drafter's
-    lookahead and its weights' share of the target's (CostSwitch.measure)."""
+    (what switchsd.verify gives CostSwitch); `plain`: a plain step's seconds; `gamma` and
+    `share`: the neural drafter's lookahead and its weights' share of the target's
+    (CostSwitch.measure)."""
     model, n = setup.model, len(out)
     full, L = ids + out, len(ids)
     copier, lookup, neural = CopyDrafter(CopyConfig(kappa=setup.probe.kappa, width=setup.width)), PromptLookup(), setup.neural(fam)
@@ -402,18 +403,19 @@ def path_costs(setup, ids, out, fam) -> dict:
     extra = drafts[0] - statistics.median(drafts) if len(drafts) > 1 else 0.0  # the draft's prefill (at k = 0)
     options[0] = [(p, a, c - extra if p == "neural" else c) for p, a, c in options[0]]
     return {"ids": ids, "out": out, "options": options, "scores": scores, "extra": extra, "tau": probe.tau,
+            "kappa": probe.kappa, "plain": cost(1),
             "neural": neural is not None, "top": top, "gamma": neural.gamma if neural else 0,
             "share": switchsd.CostSwitch.share(neural, model) if neural else 0.0}
 
 
-def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict:
+def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="probe") -> dict:
     """Three schedules over path_costs() `pc`, each a row of tokens/s and paths taken: the best
     schedule ("oracle", dynamic programming over the states: the ceiling of any switching policy
     with these drafters), the greedy choice of the most tokens per second at each step ("oracle,
-    per step"), and SwitchSD's policy (the probe gate, then a CostSwitch over `arms`, less
-    "neural" where the run has no neural drafter) replayed on the same costs, fed the probe's
-    scores of AR's output ("SwitchSD, replayed"): the policy's distance from the ceiling
-    without the live run's timing noise.
+    per step"), and SwitchSD's policy (the `gate`, switchsd.gate_open, then a CostSwitch over
+    `arms`, less "neural" where the run has no neural drafter) replayed on the same costs, fed
+    the probe's scores of AR's output ("SwitchSD, replayed"): the policy's distance from the
+    ceiling without the live run's timing noise.
     The neural drafter's prefill is charged to the first step that uses it."""
     options, scores, extra, out = pc["options"], pc["scores"], pc["extra"], pc["out"]
     full, L, n = pc["ids"] + out, len(pc["ids"]), len(out)
@@ -428,10 +430,13 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict
     switch.measure(pc.get("gamma", 0), pc.get("share", 0.0))
     top = pc.get("top", [])
 
+    copier, probe = CopyDrafter(CopyConfig(kappa=pc["kappa"])), argparse.Namespace(tau=pc["tau"])  # all gate_open reads
+
     def replay(k, used):
-        on = scores[k] >= pc["tau"]
+        on = scores[k] >= pc["tau"] if gate == "probe" else True  # (as switchsd.choose)
         ok = {o[0]: o for o in options[k]}
-        arm = "ar" if k == n - 1 else "copy" if "copy" in ok and on else switch.pick(full[:L + k], n - k - 1, on)
+        arm = ("ar" if k == n - 1 else "copy" if switchsd.gate_open(gate, full[:L + k], scores[k], copier, probe)
+               else switch.pick(full[:L + k], n - k - 1, on))
         return ok.get(arm, ok["ar"]), arm
 
     oracle_pick = lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)])
@@ -451,6 +456,21 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar")) -> dict
                       "copy_steps": len(copy), "copy_accepted": sum(copy), "copy_zero": copy.count(0),
                       "paths": {p: sum(q == p for q, _ in steps) for p in ("copy", "lookup", "neural", "ar")}}
     return rows
+
+
+def costed_ar(pc: dict, prefill: float) -> float:
+    """AR's seconds on path_costs() `pc`'s clock: the prefill, then a plain step per token."""
+    return prefill + len(pc["out"]) * pc["plain"]
+
+
+def live_clock(rows: dict, pc: dict, prefill: float, ar_seconds: float) -> dict:
+    """schedules() rows put on the live run's clock. The costs' clock mostly runs fast: its
+    passes are the fastest of a few timings, with none of a live step's bookkeeping, so AR's own
+    schedule under it beats AR live (by up to 1.3x on the AMD EPYC, docs/results.md). Each row's
+    seconds are scaled by that prompt's ratio, so that a schedule's speedup over AR is the same
+    under both clocks."""
+    clock = ar_seconds / costed_ar(pc, prefill)
+    return {m: {**r, "tps": r["tps"] / clock, "seconds": r["seconds"] * clock} for m, r in rows.items()}
 
 
 def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_of=None, paths=None) -> dict:
@@ -501,7 +521,7 @@ def side_by_side(setup, methods, tasks, n, max_new, hf=None, repeats=1, oracle_o
                 pc = path_costs(setup, ids, ref, oracle_of)
                 if paths is not None:
                     paths.append({"task": task, "prefill": prefill, "ar_seconds": best["AR"]["seconds"], **pc})
-                for m, r in schedules(pc, prefill).items():
+                for m, r in live_clock(schedules(pc, prefill), pc, prefill, best["AR"]["seconds"]).items():
                     log(f"{task} #{pi} {m}: {r['tps']:.2f} tok/s ({r['tps'] / best['AR']['tps']:.2f}x), {r['paths']}")
                     best[m], rounds[m], dec[m], r["agree"] = r, [round(r["tps"], 3)], None, "same"
                     per.setdefault(m, [])
@@ -810,19 +830,42 @@ def bench_pool(a):
     save(pool(runs), Path(a.out), head)
 
 
+def fixed_rule(pc: dict, prefill: float, lookup: str, rest: str) -> float:
+    """Seconds of a fixed rule over path_costs() `pc`: the gate's copy where it opens (the probe
+    on and the kappa-gram recurring), else PLD's lookup where it finds one ("always"), only where
+    the probe reads copy intent ("on") or "never", else `rest` ("neural" or "ar", a plain step
+    carrying the lookup's head). A fixed rule learns nothing from the run: the best of them in
+    hindsight is what a policy reading only the gate and the probe could have chosen."""
+    n, k, seconds, used = len(pc["out"]), 0, prefill, False
+    while k < n:
+        ok, on = {o[0]: o for o in pc["options"][k]}, pc["scores"][k] >= pc["tau"]
+        want = ["copy"] * on + ["lookup"] * (lookup == "always" or lookup == "on" and on) + [rest]
+        path, accepted, cost = ok[next((p for p in want if p in ok), "ar") if k < n - 1 else "ar"]
+        seconds += cost + (pc["extra"] if path == "neural" and not used else 0.0)  # its prefill, at its first use
+        k, used = k + accepted + 1, used or path == "neural"
+    return seconds
+
+
 def bench_replay(a):
     """SwitchSD's policy replayed on the path costs a `table1 --oracle` run saved, with only the
     paths in --arms open to it where the gate does not copy: what each path adds to the policy,
-    without a live run. Per task, the medians over prompts of the speedups over AR and of the
-    replay's fraction of the oracle's tokens/s; then what CostSwitch keys a lookup's score by,
-    the mean length PLD's lookup accepts at every state, by the probe's reading (on: score >=
-    tau) and by PLD's match (two tokens or more, or one)."""
-    rows, lookups = {}, {}
+    without a live run. Per task, the medians over prompts of the speedups over AR (all on the
+    costs' clock) and of the replay's fraction of the oracle's tokens/s, and how much slower AR
+    ran live (live_clock); the fixed rules' fractions of the oracle (fixed_rule); then what
+    CostSwitch keys a lookup's score by, the mean length PLD's lookup accepts at every state, by
+    the probe's reading (on: score >= tau) and by PLD's match (two tokens or more, or one)."""
+    rules = [(lookup, rest) for lookup in ("always", "on", "never") for rest in ("neural", "ar")]
+    rows, lookups, fixed, gates = {}, {}, {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
-        ar = len(pc["out"]) / pc["ar_seconds"]
+        ar = len(pc["out"]) / costed_ar(pc, pc["prefill"])  # AR's tokens/s on the costs' own clock
         r = schedules(pc, pc["prefill"], a.arms)
         o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
-        rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o))
+        rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o, pc["ar_seconds"] * ar / len(pc["out"])))
+        for rule in rules:
+            fixed.setdefault((pc["task"], rule), []).append(len(pc["out"]) / fixed_rule(pc, pc["prefill"], *rule) / o)
+        for gate in switchsd.GATES:
+            tps = schedules(pc, pc["prefill"], a.arms, gate)["SwitchSD, replayed"]["tps"]
+            gates.setdefault((pc["task"], gate), []).append(tps / ar)
         full, L, pld = pc["ids"] + pc["out"], len(pc["ids"]), PromptLookup()
         for k, options in enumerate(pc["options"]):
             accepted = next((n for path, n, _ in options if path == "lookup"), None)
@@ -832,7 +875,15 @@ def bench_replay(a):
     for task, v in rows.items():
         print(f"{NAMES.get(task, task)}: oracle {med(x[0] for x in v):.2f}x, replayed over {'/'.join(a.arms)} "
               f"{med(x[1] for x in v):.2f}x, {med(x[2] for x in v):.0%} of the oracle (least {min(x[2] for x in v):.0%}), "
-              f"{len(v)} prompts")
+              f"{len(v)} prompts; AR live took {med(x[3] for x in v):.2f}x its time on the costs' clock")
+    print("The policy replayed behind each gate (switchsd.gate_open), the median speedup over AR: "
+          + ", ".join(f"{gate} " + " / ".join(f"{med(gates[t, gate]):.2f}x" for t in rows) for gate in switchsd.GATES))
+    print("Fixed rules on the same costs (bench.fixed_rule), the median % of the oracle, "
+          + " / ".join(NAMES.get(t, t) for t in rows) + ":")
+    for lookup, rest in rules:
+        print(f"  the gate, else a lookup {dict(always='wherever found', on='where the probe is on', never='never')[lookup]}, "
+              f"else {dict(neural='the drafter', ar='a plain step')[rest]}: "
+              + " / ".join(f"{med(fixed[t, (lookup, rest)]):.0%}" for t in rows))
     for task in rows:
         print(f"{NAMES.get(task, task)}, a lookup's mean accepted length (states): " + ", ".join(
             f"probe {'on' if on else 'off'} match {'>= 2' if two else '1'} {statistics.mean(x):.2f} ({len(x)})"

@@ -1667,7 +1667,7 @@ def test_bench_oracle_schedules_on_hand_built_costs():
     ar = ("ar", 0, 1.0)
     options = [[ar, ("lookup", 2, 1.5)], [ar], [ar], [ar, ("neural", 2, 1.0)], [ar], [ar]]
     pc = {"ids": [1, 2], "out": [3, 4, 5, 6, 7, 8], "options": options, "scores": [0.0] * 6, "extra": 2.5,
-          "tau": 0.5, "neural": True}
+          "tau": 0.5, "kappa": 5, "neural": True}
     rows = bench.schedules(pc, prefill=0.5)
     assert rows["oracle"]["seconds"] == pytest.approx(0.5 + 4.5)
     assert rows["oracle"]["paths"] == {"copy": 0, "lookup": 1, "neural": 0, "ar": 3}
@@ -1675,6 +1675,24 @@ def test_bench_oracle_schedules_on_hand_built_costs():
     pc["extra"] = 0.0  # a free prefill: the neural step (3 tokens for 1 s) now beats three plain steps
     assert bench.schedules(pc, prefill=0.5)["oracle"]["seconds"] == pytest.approx(0.5 + 1.5 + 1.0)
     assert all(r["tokens"] == 6 and r["seconds"] >= rows["oracle"]["seconds"] - 1e-9 for r in rows.values())
+    # Fixed rules on the same costs: a lookup wherever found, else a plain step, takes the best
+    # schedule; the drafter at its first chance pays its prefill; a lookup only where the probe
+    # is on (it is off everywhere here) leaves six plain steps, until the probe reads copy intent.
+    assert bench.fixed_rule(pc | {"extra": 2.5}, 0.5, "always", "ar") == pytest.approx(0.5 + 1.5 + 3.0)
+    assert bench.fixed_rule(pc | {"extra": 2.5}, 0.5, "never", "neural") == pytest.approx(0.5 + 3.0 + 1.0 + 2.5)
+    assert bench.fixed_rule(pc, 0.5, "on", "ar") == pytest.approx(0.5 + 6.0)
+    assert bench.fixed_rule(pc | {"scores": [1.0] + [0.0] * 5}, 0.5, "on", "ar") == pytest.approx(0.5 + 1.5 + 3.0)
+    # The gates replayed: the prompt ends in a recurring 5-gram, where a copy would accept 2; the
+    # probe (0.0 < tau) keeps its gate shut there, the kappa-gram alone opens it.
+    gated = pc | {"ids": [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5], "options": [[ar, ("copy", 2, 1.0)]] + options[1:]}
+    copies = lambda gate: bench.schedules(gated, 0.5, gate=gate)["SwitchSD, replayed"]["paths"]["copy"]
+    assert (copies("probe"), copies("kgram")) == (0, 1)
+    # On the live clock: AR took 13 s live, twice its 6.5 s under these costs (0.5 s prefill + six
+    # 1 s plain steps), so every schedule takes twice as long, and its speedup over AR is kept.
+    pc["plain"] = 1.0
+    live = bench.live_clock(rows, pc, 0.5, 13.0)
+    assert live["oracle"]["seconds"] == pytest.approx(2 * rows["oracle"]["seconds"])
+    assert live["oracle"]["tps"] / (6 / 13.0) == pytest.approx(rows["oracle"]["tps"] / (6 / 6.5))
 
 
 def test_bench_keeps_each_methods_fastest_round(monkeypatch):
@@ -1781,12 +1799,14 @@ def test_bench_quick_smoke_run(tmp_path):
     assert [p["task"] for p in paths] == ["humaneval"] * 2 + ["math500"] * 2
     for p, task, i in zip(paths, ["humaneval"] * 2 + ["math500"] * 2, [0, 1] * 2):
         assert len(p["options"]) == len(p["out"]) and all(o[0][0] == "ar" for o in p["options"])
-        assert bench.schedules(p, p["prefill"])["oracle"]["tps"] == pytest.approx(res[task]["oracle"]["round_tps"][i][0], abs=1e-3)
+        rows = bench.live_clock(bench.schedules(p, p["prefill"]), p, p["prefill"], p["ar_seconds"])
+        assert rows["oracle"]["tps"] == pytest.approx(res[task]["oracle"]["round_tps"][i][0], abs=1e-3)
     r = subprocess.run([sys.executable, str(HERE / "bench.py"), "replay", str(tmp_path / "out" / "table1_t_quick_paths.json")],
                        capture_output=True, text=True, cwd=HERE, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.splitlines()[0]  # the default policy replayed: the table's row
     assert line.startswith("HumanEval: oracle") and f"ar {res['humaneval']['SwitchSD, replayed']['speedup']:.2f}x" in line
+    assert sum(l.startswith("  the gate, else a lookup") for l in r.stdout.splitlines()) == 6  # the fixed rules
     lookups = next(l for l in r.stdout.splitlines() if l.startswith("HumanEval, a lookup's mean accepted length"))
     assert "probe on match" in lookups and "probe off" not in lookups  # the planted probe reads 0.5 >= tau everywhere
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
