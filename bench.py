@@ -830,16 +830,17 @@ def bench_pool(a):
     save(pool(runs), Path(a.out), head)
 
 
-def fixed_rule(pc: dict, prefill: float, lookup: str, rest: str) -> float:
+def fixed_rule(pc: dict, prefill: float, lookup: str, rest: str, gate=True) -> float:
     """Seconds of a fixed rule over path_costs() `pc`: the gate's copy where it opens (the probe
-    on and the kappa-gram recurring), else PLD's lookup where it finds one ("always"), only where
-    the probe reads copy intent ("on") or "never", else `rest` ("neural" or "ar", a plain step
-    carrying the lookup's head). A fixed rule learns nothing from the run: the best of them in
-    hindsight is what a policy reading only the gate and the probe could have chosen."""
+    on and the kappa-gram recurring; no copies without `gate`), else PLD's lookup where it finds
+    one ("always"), only where the probe reads copy intent ("on") or "never", else `rest`
+    ("neural" or "ar", a plain step carrying the lookup's head). A fixed rule learns nothing from
+    the run: the best of them in hindsight is what a policy reading only the gate and the probe
+    could have chosen. Without the gate and lookups, "neural" is the drafter alone (SPS, EAGLE3)."""
     n, k, seconds, used = len(pc["out"]), 0, prefill, False
     while k < n:
         ok, on = {o[0]: o for o in pc["options"][k]}, pc["scores"][k] >= pc["tau"]
-        want = ["copy"] * on + ["lookup"] * (lookup == "always" or lookup == "on" and on) + [rest]
+        want = ["copy"] * (gate and on) + ["lookup"] * (lookup == "always" or lookup == "on" and on) + [rest]
         path, accepted, cost = ok[next((p for p in want if p in ok), "ar") if k < n - 1 else "ar"]
         seconds += cost + (pc["extra"] if path == "neural" and not used else 0.0)  # its prefill, at its first use
         k, used = k + accepted + 1, used or path == "neural"
@@ -866,6 +867,9 @@ def bench_replay(a):
         for gate in switchsd.GATES:
             tps = schedules(pc, pc["prefill"], a.arms, gate)["SwitchSD, replayed"]["tps"]
             gates.setdefault((pc["task"], gate), []).append(tps / ar)
+        alone = fixed_rule(pc, pc["prefill"], "never", "neural", False)  # the drafter alone
+        gates.setdefault((pc["task"], "drafter"), []).append(len(pc["out"]) / alone / ar)
+        gates.setdefault((pc["task"], "against"), []).append(s * alone / len(pc["out"]))
         full, L, pld = pc["ids"] + pc["out"], len(pc["ids"]), PromptLookup()
         for k, options in enumerate(pc["options"]):
             accepted = next((n for path, n, _ in options if path == "lookup"), None)
@@ -877,7 +881,10 @@ def bench_replay(a):
               f"{med(x[1] for x in v):.2f}x, {med(x[2] for x in v):.0%} of the oracle (least {min(x[2] for x in v):.0%}), "
               f"{len(v)} prompts; AR live took {med(x[3] for x in v):.2f}x its time on the costs' clock")
     print("The policy replayed behind each gate (switchsd.gate_open), the median speedup over AR: "
-          + ", ".join(f"{gate} " + " / ".join(f"{med(gates[t, gate]):.2f}x" for t in rows) for gate in switchsd.GATES))
+          + ", ".join(f"{gate} " + " / ".join(f"{med(gates[t, gate]):.2f}x" for t in rows) for gate in switchsd.GATES)
+          + "; the drafter alone " + " / ".join(f"{med(gates[t, 'drafter']):.2f}x" for t in rows)
+          + "; the policy per prompt against the drafter alone " + " / ".join(
+              f"{med(gates[t, 'against']):.2f}x (least {min(gates[t, 'against']):.2f}x)" for t in rows))
     print("Fixed rules on the same costs (bench.fixed_rule), the median % of the oracle, "
           + " / ".join(NAMES.get(t, t) for t in rows) + ":")
     for lookup, rest in rules:

@@ -1687,6 +1687,8 @@ def test_bench_oracle_schedules_on_hand_built_costs():
     gated = pc | {"ids": [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5], "options": [[ar, ("copy", 2, 1.0)]] + options[1:]}
     copies = lambda gate: bench.schedules(gated, 0.5, gate=gate)["SwitchSD, replayed"]["paths"]["copy"]
     assert (copies("probe"), copies("kgram")) == (0, 1)
+    assert bench.fixed_rule(gated | {"scores": [1.0] * 6}, 0.5, "never", "ar") == pytest.approx(0.5 + 1.0 + 3.0)
+    assert bench.fixed_rule(gated | {"scores": [1.0] * 6}, 0.5, "never", "ar", gate=False) == pytest.approx(0.5 + 6.0)
     # On the live clock: AR took 13 s live, twice its 6.5 s under these costs (0.5 s prefill + six
     # 1 s plain steps), so every schedule takes twice as long, and its speedup over AR is kept.
     pc["plain"] = 1.0
