@@ -412,7 +412,7 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
     """Three schedules over path_costs() `pc`, each a row of tokens/s and paths taken: the best
     schedule ("oracle", dynamic programming over the states: the ceiling of any switching policy
     with these drafters), the greedy choice of the most tokens per second at each step ("oracle,
-    per step"), and SwitchSD's policy (the `gate`, switchsd.gate_open, then a CostSwitch over
+    per step"), and SwitchSD's policy (switchsd.choose: the `gate`, then a CostSwitch over
     `arms`, less "neural" where the run has no neural drafter) replayed on the same costs, fed
     the probe's scores of AR's output ("SwitchSD, replayed"): the policy's distance from the
     ceiling without the live run's timing noise.
@@ -430,13 +430,12 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
     switch.measure(pc.get("gamma", 0), pc.get("share", 0.0))
     top = pc.get("top", [])
 
-    copier, probe = CopyDrafter(CopyConfig(kappa=pc["kappa"])), argparse.Namespace(tau=pc["tau"])  # all gate_open reads
+    copier, probe = CopyDrafter(CopyConfig(kappa=pc["kappa"])), argparse.Namespace(tau=pc["tau"])  # all the gate reads
 
     def replay(k, used):
-        on = scores[k] >= pc["tau"] if gate == "probe" else True  # (as switchsd.choose)
         ok = {o[0]: o for o in options[k]}
-        arm = ("ar" if k == n - 1 else "copy" if switchsd.gate_open(gate, full[:L + k], scores[k], copier, probe)
-               else switch.pick(full[:L + k], n - k - 1, on))
+        arm = "ar" if k == n - 1 else switchsd.choose("switchsd", full[:L + k], n - k - 1, scores[k], copier, probe,
+                                                      switch, gate)  # the live run's own choice
         return ok.get(arm, ok["ar"]), arm
 
     oracle_pick = lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)])
@@ -859,14 +858,13 @@ def bench_replay(a):
     rows, lookups, fixed, gates = {}, {}, {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
         ar = len(pc["out"]) / costed_ar(pc, pc["prefill"])  # AR's tokens/s on the costs' own clock
-        r = schedules(pc, pc["prefill"], a.arms)
-        o, s = r["oracle"]["tps"], r["SwitchSD, replayed"]["tps"]
+        by_gate = {gate: schedules(pc, pc["prefill"], a.arms, gate) for gate in switchsd.GATES}
+        o, s = by_gate["probe"]["oracle"]["tps"], by_gate["probe"]["SwitchSD, replayed"]["tps"]
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o, pc["ar_seconds"] * ar / len(pc["out"])))
         for rule in rules:
             fixed.setdefault((pc["task"], rule), []).append(len(pc["out"]) / fixed_rule(pc, pc["prefill"], *rule) / o)
-        for gate in switchsd.GATES:
-            tps = schedules(pc, pc["prefill"], a.arms, gate)["SwitchSD, replayed"]["tps"]
-            gates.setdefault((pc["task"], gate), []).append(tps / ar)
+        for gate, r in by_gate.items():
+            gates.setdefault((pc["task"], gate), []).append(r["SwitchSD, replayed"]["tps"] / ar)
         alone = fixed_rule(pc, pc["prefill"], "never", "neural", False)  # the drafter alone
         gates.setdefault((pc["task"], "drafter"), []).append(len(pc["out"]) / alone / ar)
         gates.setdefault((pc["task"], "against"), []).append(s * alone / len(pc["out"]))
