@@ -853,7 +853,7 @@ def bench_replay(a):
     costs' clock) and of the replay's fraction of the oracle's tokens/s, and how much slower AR
     ran live (live_clock); the fixed rules' fractions of the oracle (fixed_rule); then what
     CostSwitch keys a lookup's score by, the mean length PLD's lookup accepts at every state, by
-    the probe's reading (on: score >= tau) and by PLD's match (two tokens or more, or one)."""
+    the probe's reading (on: score >= tau) and by the length of PLD's match (1-3 tokens)."""
     rules = [(lookup, rest) for lookup in ("always", "on", "never") for rest in ("neural", "ar")]
     rows, lookups, fixed, gates = {}, {}, {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
@@ -872,7 +872,7 @@ def bench_replay(a):
         for k, options in enumerate(pc["options"]):
             accepted = next((n for path, n, _ in options if path == "lookup"), None)
             if accepted is not None and pld.propose(full[:L + k], len(pc["out"]) - k - 1):
-                lookups.setdefault((pc["task"], pc["scores"][k] >= pc["tau"], pld.matched >= 2), []).append(accepted)
+                lookups.setdefault((pc["task"], pc["scores"][k] >= pc["tau"], pld.matched), []).append(accepted)
     med = statistics.median
     for task, v in rows.items():
         print(f"{NAMES.get(task, task)}: oracle {med(x[0] for x in v):.2f}x, replayed over {'/'.join(a.arms)} "
@@ -891,8 +891,8 @@ def bench_replay(a):
               + " / ".join(f"{med(fixed[t, (lookup, rest)]):.0%}" for t in rows))
     for task in rows:
         print(f"{NAMES.get(task, task)}, a lookup's mean accepted length (states): " + ", ".join(
-            f"probe {'on' if on else 'off'} match {'>= 2' if two else '1'} {statistics.mean(x):.2f} ({len(x)})"
-            for (t, on, two), x in sorted(lookups.items()) if t == task))
+            f"probe {'on' if on else 'off'} match {m} {statistics.mean(x):.2f} ({len(x)})"
+            for (t, on, m), x in sorted(lookups.items()) if t == task))
 
 
 def bench_trace(a):

@@ -380,7 +380,7 @@ class CostSwitch:
     an AVX2 CPU in float32). Its seconds per step come from its own plays, and before the
     first from the fastest step so far, a lower bound: every step runs a target pass. The
     scores are kept apart by what predicts them: whether the probe reads copy intent (`on`)
-    and whether PLD matched two tokens or more (docs/results.md: "The switch").
+    and the length of PLD's match, 1-3 tokens (docs/results.md: "The switch").
     The other paths have no such free check: each is tried until it has `trials` measured
     steps, and the neural drafter played once more when left unplayed for `stale` picks. Its
     first step also runs its own prefill of the prompt, and is not measured: once paid, the
@@ -455,7 +455,7 @@ class CostSwitch:
         else:
             offered = [a for a in self.arms if a != "lookup" and (a != "neural" or self.spent >= self.threshold())]
         if self.found is not None:
-            self.key = (on, self.lookup.matched >= 2)
+            self.key = (on, self.lookup.matched)
             self.shadows.append((len(ctx), self.found.tokens[1:], self.key))
             if self.key in self.n:  # scored before: its rate is known
                 offered.insert(0, "lookup")
