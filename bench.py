@@ -52,6 +52,7 @@ TASKS = {"humaneval": "HumanEval", "math500": "MATH-500", "cnndm": "CNN/DM"}
 SPEC_BENCH = {"translation": "translation", "qa": "QA", "math_reasoning": "math reasoning", "multiturn": "multi-turn"}
 NAMES = {**TASKS, **SPEC_BENCH}
 MULTITURN_ANSWER = 128  # new tokens of the target's own answer to a first turn
+HF_ROWS = ("HF-PLD", "HF-assisted")  # table1 --hf: transformers' prompt lookup and assisted generation
 
 
 # ---------------------------------------------------------------------------------------
@@ -442,18 +443,24 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
     per_step = lambda k, u: max(options[k], key=lambda o: (o[1] + 1) / cost_of(o, u))
     rows = {}
     for name, pick in (("oracle", oracle_pick), ("oracle, per step", per_step), ("SwitchSD, replayed", replay)):
-        k, seconds, steps, used = 0, prefill, [], False
+        k, seconds, steps, used, regret = 0, prefill, [], False, {}
         while k < n:
             o, arm = pick(k, used) if name == "SwitchSD, replayed" else (pick(k, used), None)
             path, a = o[0], o[1]
             steps.append((path, a))
             if arm in switch.arms:
                 switch.update(arm, min(a + 1, n - k), cost_of(o, used), top[k:k + a + 1])
+            # regret: the seconds this choice added to the best schedule from its state, keyed by
+            # (this path, the oracle's); summed over the steps it is the schedule's distance from the oracle
+            lost = cost_of(o, used) + best[used or path == "neural"][min(n, k + a + 1)] - best[used][k]
+            key = (path, oracle_pick(k, used)[0])
+            regret[key] = regret.get(key, 0.0) + lost
             seconds, k, used = seconds + cost_of(o, used), k + a + 1, used or path == "neural"
         copy = [a for p, a in steps if p == "copy"]
         rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),
                       "copy_steps": len(copy), "copy_accepted": sum(copy), "copy_zero": copy.count(0),
-                      "paths": {p: sum(q == p for q, _ in steps) for p in ("copy", "lookup", "neural", "ar")}}
+                      "paths": {p: sum(q == p for q, _ in steps) for p in ("copy", "lookup", "neural", "ar")},
+                      "regret": regret}
     return rows
 
 
@@ -778,18 +785,20 @@ def bench_table1(a):
         methods = table1_methods(draft, eagle, s.probe, a.ablations)
         if a.methods:  # a subset of the rows, by label
             labels = [m if isinstance(m, str) else m[0] for m in methods]
-            unknown = [m for m in a.methods if m not in labels]
+            unknown = [m for m in a.methods if m not in labels + list(HF_ROWS) * a.hf]
             if unknown:
                 sys.exit(f"bench.py table1 --methods: no row {', '.join(map(repr, unknown))} for {model}"
-                         f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(labels)}")
+                         f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(labels + list(HF_ROWS) * a.hf)}")
             methods = [m for m, label in zip(methods, labels) if label in a.methods]
         hf = {}
-        if a.hf:
+        wanted = lambda row: a.hf and (not a.methods or row in a.methods or not set(a.methods) & set(HF_ROWS))
+        if wanted("HF-PLD") or draft and wanted("HF-assisted"):
             m = hf_model(model, s.dtype)
+        if wanted("HF-PLD"):
             hf["HF-PLD"] = lambda ids, m=m: hf_generate(m, ids, tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)
-            if draft:
-                d = hf_model(draft, s.dtype)
-                hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
+        if draft and wanted("HF-assisted"):
+            d = hf_model(draft, s.dtype)
+            hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         fam = "SPS" if draft else "EAGLE3" if eagle else ""  # SwitchSD's own neural drafter
         paths = []  # with --oracle: each prompt's path costs, to replay other policies on (schedules())
         res = side_by_side(s, methods, a.tasks, n, tokens, hf=hf, repeats=a.repeats,
@@ -851,15 +860,20 @@ def bench_replay(a):
     paths in --arms open to it where the gate does not copy: what each path adds to the policy,
     without a live run. Per task, the medians over prompts of the speedups over AR (all on the
     costs' clock) and of the replay's fraction of the oracle's tokens/s, and how much slower AR
-    ran live (live_clock); the fixed rules' fractions of the oracle (fixed_rule); then what
-    CostSwitch keys a lookup's score by, the mean length PLD's lookup accepts at every state, by
-    the probe's reading (on: score >= tau) and by the length of PLD's match (1-3 tokens)."""
+    ran live (live_clock); the fixed rules' fractions of the oracle (fixed_rule); the choices
+    the replay lost its time on (schedules' regret); then what CostSwitch keys a lookup's score
+    by, the mean length PLD's lookup accepts at every state, by the probe's reading (on: score
+    >= tau) and by the length of PLD's match (1-3 tokens)."""
     rules = [(lookup, rest) for lookup in ("always", "on", "never") for rest in ("neural", "ar")]
-    rows, lookups, fixed, gates = {}, {}, {}, {}
+    rows, lookups, fixed, gates, regret = {}, {}, {}, {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
         ar = len(pc["out"]) / costed_ar(pc, pc["prefill"])  # AR's tokens/s on the costs' own clock
         by_gate = {gate: schedules(pc, pc["prefill"], a.arms, gate) for gate in switchsd.GATES}
         o, s = by_gate["probe"]["oracle"]["tps"], by_gate["probe"]["SwitchSD, replayed"]["tps"]
+        lost = regret.setdefault(pc["task"], {"seconds": 0.0})
+        lost["seconds"] += by_gate["probe"]["SwitchSD, replayed"]["seconds"]
+        for pair, seconds in by_gate["probe"]["SwitchSD, replayed"]["regret"].items():
+            lost[pair] = lost.get(pair, 0.0) + seconds
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o, pc["ar_seconds"] * ar / len(pc["out"])))
         for rule in rules:
             fixed.setdefault((pc["task"], rule), []).append(len(pc["out"]) / fixed_rule(pc, pc["prefill"], *rule) / o)
@@ -889,6 +903,11 @@ def bench_replay(a):
         print(f"  the gate, else a lookup {dict(always='wherever found', on='where the probe is on', never='never')[lookup]}, "
               f"else {dict(neural='the drafter', ar='a plain step')[rest]}: "
               + " / ".join(f"{med(fixed[t, (lookup, rest)]):.0%}" for t in rows))
+    print("Where the replay loses time to the oracle (schedules' regret: what a choice added to the best "
+          "schedule from its state, by the replay's path -> the oracle's there; % of the replay's seconds, prompts pooled):")
+    for task, lost in regret.items():
+        top = sorted(((v, pair) for pair, v in lost.items() if pair != "seconds" and pair[0] != pair[1]), reverse=True)[:4]
+        print(f"  {NAMES.get(task, task)}: " + ", ".join(f"{a} -> {b} {v / lost['seconds']:.1%}" for v, (a, b) in top))
     for task in rows:
         print(f"{NAMES.get(task, task)}, a lookup's mean accepted length (states): " + ", ".join(
             f"probe {'on' if on else 'off'} match {m} {statistics.mean(x):.2f} ({len(x)})"
@@ -1211,7 +1230,8 @@ def main():
                    "the paths' measured costs go to <out>_paths.json")
     p.add_argument("--ablations", action="store_true",
                    help="also SwitchSD with the paper's binary switch, and with the kappa-gram or surface gate")
-    p.add_argument("--methods", nargs="+", help="only these rows (labels as in the table; AR always runs)")
+    p.add_argument("--methods", nargs="+", help="only these rows (labels as in the table; AR always runs); "
+                   "with --hf, naming HF-PLD or HF-assisted keeps only the one named")
     common(p, 8, 128)
     p = sub.add_parser("pool", help="one Table 1 from several table1 runs' JSON (their prompts pooled)")
     p.add_argument("runs", nargs="+", help="table1_*.json files of runs over different prompts")

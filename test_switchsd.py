@@ -1675,6 +1675,12 @@ def test_bench_oracle_schedules_on_hand_built_costs():
     pc["extra"] = 0.0  # a free prefill: the neural step (3 tokens for 1 s) now beats three plain steps
     assert bench.schedules(pc, prefill=0.5)["oracle"]["seconds"] == pytest.approx(0.5 + 1.5 + 1.0)
     assert all(r["tokens"] == 6 and r["seconds"] >= rows["oracle"]["seconds"] - 1e-9 for r in rows.values())
+    # The replay's regret, each choice's loss against the best schedule from its state, adds up to
+    # its distance from the oracle; the oracle's own is nil. The policy's one loss: a plain first
+    # step where the oracle takes the lookup (unscored at its first pick, so not yet offered).
+    for name in ("oracle", "SwitchSD, replayed"):
+        assert sum(rows[name]["regret"].values()) == pytest.approx(rows[name]["seconds"] - rows["oracle"]["seconds"])
+    assert {k: v for k, v in rows["SwitchSD, replayed"]["regret"].items() if v} == pytest.approx({("ar", "lookup"): 1.5})
     # Fixed rules on the same costs: a lookup wherever found, else a plain step, takes the best
     # schedule; the drafter at its first chance pays its prefill; a lookup only where the probe
     # is on (it is off everywhere here) leaves six plain steps, until the probe reads copy intent.
