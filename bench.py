@@ -790,13 +790,12 @@ def bench_table1(a):
                 sys.exit(f"bench.py table1 --methods: no row {', '.join(map(repr, unknown))} for {model}"
                          f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(labels + list(HF_ROWS) * a.hf)}")
             methods = [m for m, label in zip(methods, labels) if label in a.methods]
-        hf = {}
-        wanted = lambda row: a.hf and (not a.methods or row in a.methods or not set(a.methods) & set(HF_ROWS))
-        if wanted("HF-PLD") or draft and wanted("HF-assisted"):
+        hf, wanted = {}, hf_rows(a.methods, draft) if a.hf else []
+        if wanted:
             m = hf_model(model, s.dtype)
-        if wanted("HF-PLD"):
+        if "HF-PLD" in wanted:
             hf["HF-PLD"] = lambda ids, m=m: hf_generate(m, ids, tokens, s.tok.eos_ids, prompt_lookup_num_tokens=10)
-        if draft and wanted("HF-assisted"):
+        if "HF-assisted" in wanted:
             d = hf_model(draft, s.dtype)
             hf["HF-assisted"] = lambda ids, m=m, d=d: hf_generate(m, ids, tokens, s.tok.eos_ids, assistant_model=d)
         fam = "SPS" if draft else "EAGLE3" if eagle else ""  # SwitchSD's own neural drafter
@@ -836,6 +835,13 @@ def bench_pool(a):
     head = (f"# Table 1, {len(runs)} runs pooled\n\n{time.strftime('%Y-%m-%d %H:%M')}; the median over the prompts "
             f"of all runs; step statistics summed over their steps.\nCommand: python bench.py pool {' '.join(sys.argv[2:])}")
     save(pool(runs), Path(a.out), head)
+
+
+def hf_rows(methods, draft) -> list[str]:
+    """The transformers rows `table1 --hf` runs: those --methods names, else all of them
+    (assisted generation only with a draft model)."""
+    rows = [r for r in HF_ROWS if draft or r != "HF-assisted"]
+    return [r for r in rows if r in (methods or ())] or rows
 
 
 def fixed_rule(pc: dict, prefill: float, lookup: str, rest: str, gate=True) -> float:

@@ -1703,6 +1703,14 @@ def test_bench_oracle_schedules_on_hand_built_costs():
     assert live["oracle"]["tps"] / (6 / 13.0) == pytest.approx(rows["oracle"]["tps"] / (6 / 6.5))
 
 
+def test_bench_hf_rows_follow_methods():
+    """table1 --hf: the transformers rows --methods names, else all those the run has models for."""
+    import bench
+    assert bench.hf_rows(["PLD", "HF-PLD"], "draft") == ["HF-PLD"]
+    assert bench.hf_rows(["PLD"], "draft") == bench.hf_rows(None, "draft") == ["HF-PLD", "HF-assisted"]
+    assert bench.hf_rows(None, None) == ["HF-PLD"]
+
+
 def test_bench_keeps_each_methods_fastest_round(monkeypatch):
     """With --repeats, a method's time on a prompt is its fastest round, and its speedup is
     taken against AR's fastest round: load from other tenants only adds time. The speedup
@@ -1815,6 +1823,7 @@ def test_bench_quick_smoke_run(tmp_path):
     line = r.stdout.splitlines()[0]  # the default policy replayed: the table's row
     assert line.startswith("HumanEval: oracle") and f"ar {res['humaneval']['SwitchSD, replayed']['speedup']:.2f}x" in line
     assert sum(l.startswith("  the gate, else a lookup") for l in r.stdout.splitlines()) == 6  # the fixed rules
+    assert any(l.startswith("Where the replay loses time to the oracle") for l in r.stdout.splitlines())
     lookups = next(l for l in r.stdout.splitlines() if l.startswith("HumanEval, a lookup's mean accepted length"))
     assert "probe on match" in lookups and "probe off" not in lookups  # the planted probe reads 0.5 >= tau everywhere
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
