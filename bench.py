@@ -785,10 +785,10 @@ def bench_table1(a):
         methods = table1_methods(draft, eagle, s.probe, a.ablations)
         if a.methods:  # a subset of the rows, by label
             labels = [m if isinstance(m, str) else m[0] for m in methods]
-            unknown = [m for m in a.methods if m not in labels + list(HF_ROWS) * a.hf]
-            if unknown:
+            rows = labels + (hf_rows(None, draft) if a.hf else [])
+            if unknown := [m for m in a.methods if m not in rows]:
                 sys.exit(f"bench.py table1 --methods: no row {', '.join(map(repr, unknown))} for {model}"
-                         f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(labels + list(HF_ROWS) * a.hf)}")
+                         f"{'' if a.ablations else ' (the ablation rows need --ablations)'}; rows: {', '.join(rows)}")
             methods = [m for m, label in zip(methods, labels) if label in a.methods]
         hf, wanted = {}, hf_rows(a.methods, draft) if a.hf else []
         if wanted:
