@@ -421,11 +421,13 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
     options, scores, extra, out = pc["options"], pc["scores"], pc["extra"], pc["out"]
     full, L, n = pc["ids"] + out, len(pc["ids"]), len(out)
     cost_of = lambda o, used: o[2] + (extra if o[0] == "neural" and not used else 0.0)
-    # best[u][k]: the least seconds from state k to the end, u: the neural drafter has run
+    # best[u][k]: the least seconds from state k to the end, u: the neural drafter has run;
+    # via(k, o, u): the least seconds from state k to the end when its step takes option o
     best = [[0.0] * (n + 1) for _ in range(2)]
+    via = lambda k, o, u: cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)]
     for k in range(n - 1, -1, -1):
         for u in (1, 0):
-            best[u][k] = min(cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)] for o in options[k])
+            best[u][k] = min(via(k, o, u) for o in options[k])
     switch = switchsd.CostSwitch([a for a in arms if a != "neural" or pc["neural"]])
     switch.price = extra if pc["neural"] else 0.0  # the drafter's prefill as measured (a live run estimates it)
     switch.measure(pc.get("gamma", 0), pc.get("share", 0.0))
@@ -439,7 +441,7 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
                                                       switch, gate)  # the live run's own choice
         return ok.get(arm, ok["ar"]), arm
 
-    oracle_pick = lambda k, u: min(options[k], key=lambda o: cost_of(o, u) + best[u or o[0] == "neural"][min(n, k + o[1] + 1)])
+    oracle_pick = lambda k, u: min(options[k], key=lambda o: via(k, o, u))
     per_step = lambda k, u: max(options[k], key=lambda o: (o[1] + 1) / cost_of(o, u))
     rows = {}
     for name, pick in (("oracle", oracle_pick), ("oracle, per step", per_step), ("SwitchSD, replayed", replay)):
@@ -452,9 +454,8 @@ def schedules(pc: dict, prefill: float, arms=("lookup", "neural", "ar"), gate="p
                 switch.update(arm, min(a + 1, n - k), cost_of(o, used), top[k:k + a + 1])
             # regret: the seconds this choice added to the best schedule from its state, keyed by
             # (this path, the oracle's); summed over the steps it is the schedule's distance from the oracle
-            lost = cost_of(o, used) + best[used or path == "neural"][min(n, k + a + 1)] - best[used][k]
             key = (path, oracle_pick(k, used)[0])
-            regret[key] = regret.get(key, 0.0) + lost
+            regret[key] = regret.get(key, 0.0) + via(k, o, used) - best[used][k]
             seconds, k, used = seconds + cost_of(o, used), k + a + 1, used or path == "neural"
         copy = [a for p, a in steps if p == "copy"]
         rows[name] = {"tps": n / seconds, "decode_tps": None, "tokens": n, "seconds": seconds, "forwards": len(steps),
@@ -871,14 +872,15 @@ def bench_replay(a):
     by, the mean length PLD's lookup accepts at every state, by the probe's reading (on: score
     >= tau) and by the length of PLD's match (1-3 tokens)."""
     rules = [(lookup, rest) for lookup in ("always", "on", "never") for rest in ("neural", "ar")]
-    rows, lookups, fixed, gates, regret = {}, {}, {}, {}, {}
+    rows, lookups, fixed, gates, regret, spent = {}, {}, {}, {}, {}, {}
     for pc in json.loads(Path(a.paths).read_text()):
         ar = len(pc["out"]) / costed_ar(pc, pc["prefill"])  # AR's tokens/s on the costs' own clock
         by_gate = {gate: schedules(pc, pc["prefill"], a.arms, gate) for gate in switchsd.GATES}
-        o, s = by_gate["probe"]["oracle"]["tps"], by_gate["probe"]["SwitchSD, replayed"]["tps"]
-        lost = regret.setdefault(pc["task"], {"seconds": 0.0})
-        lost["seconds"] += by_gate["probe"]["SwitchSD, replayed"]["seconds"]
-        for pair, seconds in by_gate["probe"]["SwitchSD, replayed"]["regret"].items():
+        replayed = by_gate["probe"]["SwitchSD, replayed"]
+        o, s = by_gate["probe"]["oracle"]["tps"], replayed["tps"]
+        spent[pc["task"]] = spent.get(pc["task"], 0.0) + replayed["seconds"]
+        lost = regret.setdefault(pc["task"], {})
+        for pair, seconds in replayed["regret"].items():
             lost[pair] = lost.get(pair, 0.0) + seconds
         rows.setdefault(pc["task"], []).append((o / ar, s / ar, s / o, pc["ar_seconds"] * ar / len(pc["out"])))
         for rule in rules:
@@ -912,8 +914,8 @@ def bench_replay(a):
     print("Where the replay loses time to the oracle (schedules' regret: what a choice added to the best "
           "schedule from its state, by the replay's path -> the oracle's there; % of the replay's seconds, prompts pooled):")
     for task, lost in regret.items():
-        top = sorted(((v, pair) for pair, v in lost.items() if pair != "seconds" and pair[0] != pair[1]), reverse=True)[:4]
-        print(f"  {NAMES.get(task, task)}: " + ", ".join(f"{a} -> {b} {v / lost['seconds']:.1%}" for v, (a, b) in top))
+        top = sorted(((v, pair) for pair, v in lost.items() if pair[0] != pair[1]), reverse=True)[:4]
+        print(f"  {NAMES.get(task, task)}: " + ", ".join(f"{a} -> {b} {v / spent[task]:.1%}" for v, (a, b) in top))
     for task in rows:
         print(f"{NAMES.get(task, task)}, a lookup's mean accepted length (states): " + ", ".join(
             f"probe {'on' if on else 'off'} match {m} {statistics.mean(x):.2f} ({len(x)})"
