@@ -357,57 +357,40 @@ def gate_open(gate, ctx, score, copier, probe) -> bool:
 
 
 class CostSwitch:
-    """SwitchSD's choice where the gate does not copy: the path with the most tokens per second
-    so far, measured on this run's own steps, still read through the probe (policy "cost").
+    """SwitchSD's choice where the gate does not copy (policy "cost"): the path with the most
+    tokens per second so far in this run, its lookups read through the probe.
 
     The paper's switch drafts with the neural drafter whenever it does not copy, which assumes
-    a draft that is nearly free beside the target's pass, as on a GPU. On a CPU a step of the
-    0.5B SPS draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md),
-    so a neural step pays only where its drafts are accepted. The paths:
+    a draft nearly free beside the target's pass, as on a GPU. On a CPU a step of the 0.5B SPS
+    draft costs ~2.4 target steps and a surface lookup ~1.05 (docs/performance.md). The paths:
         lookup  PLD's surface match (drafters.PromptLookup), offered only where it finds one;
         neural  the neural drafter (when the run has one);
         ar      a plain target step; where PLD finds a match, the rows the exact kernels compute
                 anyway (llama.Model.step_rows: 4 in float32 on a CPU) carry its first tokens.
-    A path's rate is tokens emitted / seconds spent, both summed over its steps with the older
-    ones decayed by `decay` per step, so the estimate follows the text.
+    A path's rate is tokens emitted / seconds spent over its steps, the older ones decayed by
+    `decay` per step, so that the estimate follows the text.
 
-    A lookup's draft needs no model to judge it: once the text has moved past it, what it
-    would have accepted is its agreement with the tokens emitted there, whatever path emitted
-    them (exactly, in greedy decoding; in sampling a drafted token is accepted with the very
-    probability that the target samples it). So the lookup found at every pick is scored,
-    played or not (`shadows`), and its tokens per step come from all of them: no step is spent
-    trying it where it would accept nothing (a 10-token lookup's pass costs two target steps on
-    an AVX2 CPU in float32). Its seconds per step come from its own plays, and before the
-    first from the fastest step so far, a lower bound: every step runs a target pass. The
-    scores are kept apart by what predicts them: whether the probe reads copy intent (`on`)
-    and the length of PLD's match, 1-3 tokens (docs/results.md: "The switch").
-    The other paths have no such free check: each is tried until it has `trials` measured
-    steps, and the neural drafter played once more when left unplayed for `stale` picks. Its
-    first step also runs its own prefill of the prompt, and is not measured: once paid, the
-    prefill is sunk, and only what the drafter's next steps cost says whether to go on drafting
-    with it. Rent or buy: that prefill costs as much as many steps (a 700-token article's, 17
-    of the 1.5B's steps in float32 on a CPU), so the drafter is offered only once the steps
-    played without it have lost as much as it will cost, the deterministic rule of the
-    ski-rental problem (Karlin et al. 1988). A step's loss (`spent`) is its time beyond what
-    the drafter at its best would have taken for its tokens (all gamma drafts accepted, a
-    drafter's step costing `cost` plain steps: the target's pass plus gamma draft passes, each
-    scaled by its weights against the target's); its price is the target's own prefill scaled
-    the same way. So where the lookups and copies carry the text it never pays for the drafter,
-    and where plain steps do, the steps before it lose at most its price. Once bought, the
-    drafter's step replaces the plain step: it stops drafting after a token it doubts
-    (drafters.SPSConfig.threshold), so where its drafts fail it costs about a plain step (1.1-1.2
-    of one: `bench.py trace --task qa`) and emits as much, and where they hold it emits more. A
-    choice between the two on a few measured steps would read noise: two unlucky drafts left a
-    QA answer on plain steps to its end (docs/results.md, "The switch").
-    The rule is sharpened by a forecast (Purohit et al. 2018, "Improving Online Algorithms via
-    ML Predictions": buy at lambda x price when the forecast says buying pays, at price /
-    lambda when not, lambda = `trust`): the target's own confidence on the text so far, its
-    mean top-token probability a over the tokens these steps emitted, forecasts a draft step's
-    tokens as if each draft were accepted with probability a, sum_{i<=gamma} a^i; buying pays
-    if that, per `cost` plain steps, beats the tokens per plain step the steps without it
-    earned. Whatever the forecast, the total cost stays within 1 + 1 / lambda of the best
-    choice's, and within 1 + lambda when it is right (ibid.). The choice never changes what is
-    emitted: every draft is verified as before.
+    A lookup needs no trial: once the text has passed a lookup's draft, its agreement with the
+    tokens emitted there is what it would have accepted (exactly in greedy decoding; in
+    sampling, with the very probability the target samples it). So every lookup found is
+    scored, played or not (`shadows`), its scores kept apart by what predicts them (does the
+    probe read copy intent, PLD's match length 1-3), and none is played where it would accept
+    nothing. Its seconds come from its own plays, before the first from the fastest step so far.
+
+    The neural drafter is bought, not tried: its first step also runs its own prefill of the
+    prompt (17 target steps for a 700-token article in float32), sunk once paid. By the
+    ski-rental rule (Karlin et al. 1988) it is offered once the steps without it have lost
+    (`spent`: their time beyond what the drafter, accepting all it drafts, would have taken
+    for their tokens) as much as that prefill costs (`price`, the target's prefill scaled by
+    weights). A forecast moves that point (Purohit et al. 2018): the target's mean top-token
+    probability a over the emitted tokens forecasts a draft step's tokens, sum_{i<=gamma} a^i,
+    per `cost` plain steps; the drafter is bought at price x `trust` where that beats what the
+    steps without it earned, at price / `trust` where not, which keeps the total within
+    1 + 1 / trust of the best choice's. Once bought, its step replaces the plain step: it stops
+    after a token it doubts (drafters.SPSConfig.threshold), so where it fails it costs about a
+    plain step. The other paths are tried `trials` times; the drafter is played again when left
+    unplayed for `stale` picks. What each piece is worth, replayed: docs/results.md, "The
+    switch". The choice never changes what is emitted: every draft is verified as before.
     """
     decay, trials, stale, trust = 0.8, 2, 32, 0.5
 
