@@ -1863,6 +1863,23 @@ def test_bench_trace_prints_each_methods_steps(tmp_path, monkeypatch, capsys):
     assert "ar 12 steps" in out[1] and "12 tokens" in out[1]  # AR: one token a step
 
 
+def test_imports_go_one_way():
+    """Each module imports, at its top, only the modules below it in the layer order (the
+    README's code map) and the two leaves, which import none: no cycle, no import hidden in a
+    function."""
+    import ast
+    order, leaves = ["llama", "data", "drafters", "switchsd", "probe", "bench"], ["fetch", "figures"]
+    for i, name in enumerate(order + leaves):
+        tree = ast.parse((HERE / f"{name}.py").read_text())
+        allowed = set(order[:i]) | set(leaves) if name in order else set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                ours = {m.split(".")[0] for m in mods} & set(order + leaves)
+                assert ours <= allowed, f"{name}.py line {node.lineno} imports {ours - allowed}"
+                assert not ours or node in tree.body, f"{name}.py line {node.lineno}: import inside a function"
+
+
 def test_gguf_conversion_round_trip(tmp_path):
     """A llama model written to GGUF as llama.cpp writes it (q/k rows permuted, a Q8_0
     tensor, the vocabulary as metadata) converts back to the same logits and tokenizer."""
