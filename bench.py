@@ -867,7 +867,9 @@ def bench_replay(a):
     paths in --arms open to it where the gate does not copy: what each path adds to the policy,
     without a live run. Per task, the medians over prompts of the speedups over AR (all on the
     costs' clock) and of the replay's fraction of the oracle's tokens/s, and how much slower AR
-    ran live (live_clock); the fixed rules' fractions of the oracle (fixed_rule); the choices
+    ran live (live_clock); the room a switch has (the oracle against the faster of two one-path
+    rules: the drafter alone, and lookups wherever found, else plain steps); the fixed rules'
+    fractions of the oracle (fixed_rule); the choices
     the replay lost its time on (schedules' regret); then what CostSwitch keys a lookup's score
     by, the mean length PLD's lookup accepts at every state, by the probe's reading (on: score
     >= tau) and by the length of PLD's match (1-3 tokens)."""
@@ -890,6 +892,10 @@ def bench_replay(a):
         alone = fixed_rule(pc, pc["prefill"], "never", "neural", False)  # the drafter alone
         gates.setdefault((pc["task"], "drafter"), []).append(len(pc["out"]) / alone / ar)
         gates.setdefault((pc["task"], "against"), []).append(s * alone / len(pc["out"]))
+        # the room a switch has: the oracle against the best one-path method, the drafter alone
+        # or PLD's lookups wherever found, else plain steps
+        single = min(alone, fixed_rule(pc, pc["prefill"], "always", "ar", False))
+        gates.setdefault((pc["task"], "room"), []).append(o * single / len(pc["out"]))
         full, L, pld = pc["ids"] + pc["out"], len(pc["ids"]), PromptLookup()
         for k, options in enumerate(pc["options"]):
             accepted = next((n for path, n, _ in options if path == "lookup"), None)
@@ -904,7 +910,9 @@ def bench_replay(a):
           + ", ".join(f"{gate} " + " / ".join(f"{med(gates[t, gate]):.2f}x" for t in rows) for gate in switchsd.GATES)
           + "; the drafter alone " + " / ".join(f"{med(gates[t, 'drafter']):.2f}x" for t in rows)
           + "; the policy per prompt against the drafter alone " + " / ".join(
-              f"{med(gates[t, 'against']):.2f}x (least {min(gates[t, 'against']):.2f}x)" for t in rows))
+              f"{med(gates[t, 'against']):.2f}x (least {min(gates[t, 'against']):.2f}x)" for t in rows)
+          + "; the oracle per prompt against the faster of the drafter alone and lookups-else-plain-steps "
+          + " / ".join(f"{med(gates[t, 'room']):.2f}x" for t in rows))
     print("Fixed rules on the same costs (bench.fixed_rule), the median % of the oracle, "
           + " / ".join(NAMES.get(t, t) for t in rows) + ":")
     for lookup, rest in rules:

@@ -1824,6 +1824,8 @@ def test_bench_quick_smoke_run(tmp_path):
     assert line.startswith("HumanEval: oracle") and f"ar {res['humaneval']['SwitchSD, replayed']['speedup']:.2f}x" in line
     assert sum(l.startswith("  the gate, else a lookup") for l in r.stdout.splitlines()) == 6  # the fixed rules
     assert any(l.startswith("Where the replay loses time to the oracle") for l in r.stdout.splitlines())
+    room = r.stdout.split("against the faster of the drafter alone and lookups-else-plain-steps ")[1].split("\n")[0]
+    assert all(float(x.rstrip("x")) >= 1.0 for x in room.split(" / "))  # the oracle's schedule includes theirs
     lookups = next(l for l in r.stdout.splitlines() if l.startswith("HumanEval, a lookup's mean accepted length"))
     assert "probe on match" in lookups and "probe off" not in lookups  # the planted probe reads 0.5 >= tau everywhere
     assert all(row["agreement"] == "2/2" for task in res.values() for row in task.values())
