@@ -646,10 +646,11 @@ def shipped_probe(model_name: str) -> Path:
 
 def provenance(res: Result) -> list[str]:
     """How each output token was produced: "copy", "lookup", "neural" (drafted, then verified) or
-    "target" (the target's own token: every step's bonus token)."""
+    "target" (the target's own token: every step's bonus token). A plain step's drafted tokens
+    are the lookup's head, carried in its spare rows (CostSwitch.draft): "lookup"."""
     kinds = []
     for s in res.steps:
-        kinds += [s.path] * s.accepted + ["target"]
+        kinds += ["lookup" if s.path == "ar" else s.path] * s.accepted + ["target"]
     return kinds[:len(res.output_ids)]
 
 

@@ -1259,6 +1259,9 @@ def test_switchsd_and_banditspec_greedy_match_ar(neural_setup):
                 paths |= {s.path for s in res.steps}
                 spare += sum(s.accepted for s in res.steps if s.path == "ar" and method == "switchsd")
                 assert all(s.drafted < target.step_rows for s in res.steps if s.path == "ar")
+                kinds = switchsd.provenance(res)  # what --show colours: every token has a kind it knows
+                assert len(kinds) == len(ref) and set(kinds) <= {"copy", "lookup", "neural", "target"}
+                assert kinds.count("lookup") == sum(s.accepted for s in res.steps if s.path in ("ar", "lookup"))
     assert copied > 50 and paths == {"ar", "copy", "lookup", "neural"}
     assert target.step_rows == 4 and spare > 0  # plain steps' spare rows carried the lookup's head
 
