@@ -1008,7 +1008,7 @@ def bench_prompts(a):
 
 def bench_picture(a):
     """The picture of the decode loop (docs/show_*.svg): one SwitchSD run, each token coloured by how it
-    was produced (copied, neural draft, the target's own), and the same text shaded by probe
+    was produced (copied, looked up, neural draft, the target's own), and the same text shaded by probe
     score with the true copy spans (Y=1) underlined."""
     s = Setup(a.model, draft=a.draft_model)
     text = Path(a.prompt_file).read_text() if a.prompt_file else task_prompts("humaneval", a.index + 1)[a.index]
@@ -1020,12 +1020,12 @@ def bench_picture(a):
     marks = data.copy_labels(ids + out, len(ids), s.probe.kappa).astype(bool).tolist()
     name = Path(a.model).name
     stats = switchsd.summary(res)
-    figures.text_page(f"runs/show_{name}_path.svg", pieces, switchsd.provenance(res), marks,
+    figures.text_page(f"runs/show_path_{name}.svg", pieces, switchsd.provenance(res), marks,
                       f"SwitchSD{fam} on {name}: {stats['mean_accepted']:.2f} tokens per target pass, "
                       f"copy on {100 * stats['copy_rate']:.0f}% of steps")
-    figures.text_page(f"runs/show_{name}_probe.svg", pieces, res.probe_scores, marks,
+    figures.text_page(f"runs/show_probe_{name}.svg", pieces, res.probe_scores, marks,
                       f"Probe score per token (layer {s.probe.layer}, tau {s.probe.tau:.2f}), {name}")
-    print(f"runs/show_{name}_path.svg, runs/show_{name}_probe.svg")
+    print(f"runs/show_path_{name}.svg, runs/show_probe_{name}.svg (docs/ keeps a copy of each)")
 
 
 def bench_probe_cost(a):

@@ -23,7 +23,7 @@ COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
            "#999999", "#F0E442"]
 L, T, PH = 72, 64, 300  # left margin, top of the plot area, plot height (px)
 # text_page's drafter paths: fill colour and opacity (None = no fill)
-PATHS = {"copy": ("#E69F00", 0.6), "neural": ("#56B4E9", 0.6), "target": (None, 0)}
+PATHS = {"copy": ("#E69F00", 0.6), "lookup": ("#009E73", 0.45), "neural": ("#56B4E9", 0.6), "target": (None, 0)}
 
 
 def _text(x, y, s, anchor="start", size=12, extra=""):
@@ -208,7 +208,7 @@ def _ramp(s):  # white at 0 to vermillion #D55E00 at 1
 
 def _cell(x, y, text, score, mark, mark_colour, ink="#222", cw=7.8):
     """One token's piece of one line: background box, monospace text, optional underline."""
-    fill, op = (PATHS.get(score, (None, 0)) if isinstance(score, str) else
+    fill, op = (PATHS[score] if isinstance(score, str) else
                 (None, 0) if score is None else (_ramp(score), 1))
     out = [_rect(x, y - 14, len(text) * cw, 18, fill, f' fill-opacity="{op}"')] if fill else []
     # Renderers collapse or trim spaces (librsvg even trims leading no-break spaces), so
@@ -222,7 +222,8 @@ def _cell(x, y, text, score, mark, mark_colour, ink="#222", cw=7.8):
 
 def text_page(path, tokens, scores, marks, title, legend=None, width=900):
     """tokens: decoded pieces; scores: float in [0, 1], None (no shading) or a path name
-    ("copy", "neural", "target"); marks: True underlines the token (a true copy span).
+    (a key of PATHS: "copy", "lookup", "neural", "target", switchsd.provenance); marks: True
+    underlines the token (a true copy span).
     A newline is shown as a grey '↵' (so its score is visible) and starts a new line."""
     CW, LH, PAD = 7.8, 22, 16  # char width of 13px monospace, line height, page margin
     scores, marks = scores or [None] * len(tokens), marks or [False] * len(tokens)

@@ -1868,6 +1868,18 @@ def test_bench_trace_prints_each_methods_steps(tmp_path, monkeypatch, capsys):
     assert "ar 12 steps" in out[1] and "12 tokens" in out[1]  # AR: one token a step
 
 
+def test_text_page_colours_every_path(tmp_path):
+    """The picture of a run (bench.py picture): every kind switchsd.provenance gives has its own
+    colour, and a kind it does not know is refused, not drawn as the target's own."""
+    import figures
+    kinds = ["copy", "lookup", "neural", "target"]
+    figures.text_page(tmp_path / "p.svg", ["a", "b", "c", "d"], kinds, [False] * 4, "t")
+    svg = (tmp_path / "p.svg").read_text()
+    assert all(svg.count(figures.PATHS[k][0]) >= 2 for k in kinds[:3])  # the legend's swatch and the token's
+    with pytest.raises(KeyError):
+        figures.text_page(tmp_path / "q.svg", ["a"], ["ar"], [False], "t")
+
+
 def test_imports_go_one_way():
     """Each module imports, at its top, only the modules below it in the layer order (the
     README's code map) and the two leaves, which import none: no cycle, no import hidden in a
