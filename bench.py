@@ -132,9 +132,17 @@ class Setup:
         path = probe or switchsd.shipped_probe(model_name)
         self.probe = Probe.load(path, self.model) if Path(path).is_file() else None
 
+    def need_probe(self, what: str) -> Probe:
+        """The probe, or a one-line stop for an experiment (`what`) that cannot run without one."""
+        if self.probe is None:
+            sys.exit(f"bench.py: {what} needs a probe for {self.name} (probes/<name>.safetensors)")
+        return self.probe
+
     def draft(self, quant=None) -> llama.Model:
         """The SPS draft model with its weights as `quant` ("int8", "none" or "auto"; None: the Setup's),
         loaded on first use."""
+        if self.draft_folder is None:
+            raise SystemExit("bench.py: this run has SPS rows and no SPS draft model: give --draft-model")
         quant = switchsd.quant_of(quant or self.quant)
         if quant not in self.drafts:
             self.drafts[quant] = switchsd.load_draft(self.draft_folder, self.model, self.tok, self.dtype, "cpu", quant)
@@ -611,12 +619,13 @@ def bench_ar(a):
             log(f"{name}: ours {o:.2f} tok/s, transformers {h:.2f} tok/s")
         rows.append((name, statistics.median(tps_o), statistics.median(tps_h), statistics.median(ratios),
                      f"{same}/{len(prompts)}"))
-        del s, hf
+        dtype = s.dtype
+        del s, hf  # one model pair in memory at a time
     lines = ["| model | ours tok/s | transformers tok/s | ratio (median) | identical outputs |",
              "|---|---|---|---|---|"]
     lines += [f"| {n} | {o:.2f} | {h:.2f} | {r:.2f} | {i} |" for n, o, h, r, i in rows]
     lines.append(f"\n{time.strftime('%Y-%m-%d')}, {machine()}, {a.tokens} new tokens, "
-                 f"{a.prompts} HumanEval prompts, {dtype_name(s.dtype)}, greedy. Command: python bench.py ar")
+                 f"{a.prompts} HumanEval prompts, {dtype_name(dtype)}, greedy. Command: python bench.py ar")
     write_md("runs/bench_ar.md", "\n".join(lines) + "\n")
 
 
@@ -697,9 +706,7 @@ def bench_gate(a):
     """SwitchSD's gate: kappa (the n-gram that must recur) by tau (the probe's threshold), with
     the baselines it must beat beside it. The probe file's tau maximises F1, not speed."""
     s = Setup(a.model, draft=a.draft_model)
-    if s.probe is None:
-        sys.exit(f"{a.model}: the gate needs a probe (probes/<name>.safetensors)")
-    taus = a.taus or [s.probe.tau]
+    taus = a.taus or [s.need_probe("the gate sweep").tau]
     W = lambda w: f" W={w}" if len(a.widths) > 1 else ""
     sw = [(f"SwitchSD[SPS] kappa={k} tau={t:.2f}{W(w)}", "SwitchSD[SPS]",
            {"kappa": k, "tau": t, "width": w, "gamma": a.gamma}) for k in a.kappas for t in taus for w in a.widths]
@@ -955,7 +962,7 @@ def bench_analysis(a):
     the copy path and the neural path accept? Greedy decoding is deterministic, so a draft's
     accepted length is its agreement with the AR continuation: no extra target pass."""
     s = Setup(a.model, draft=a.draft_model)
-    probe, D, rows = s.probe, CopyConfig.depth, []
+    probe, D, rows = s.need_probe("the section 4.2 analysis"), CopyConfig.depth, []
     for task in a.tasks:
         for text in task_prompts(task, a.prompts):
             ids = s.prompt_ids(text)
@@ -1011,6 +1018,7 @@ def bench_picture(a):
     was produced (copied, looked up, neural draft, the target's own), and the same text shaded by probe
     score with the true copy spans (Y=1) underlined."""
     s = Setup(a.model, draft=a.draft_model)
+    s.need_probe("the picture")
     text = Path(a.prompt_file).read_text() if a.prompt_file else task_prompts("humaneval", a.index + 1)[a.index]
     ids = s.tok.prompt_ids(text)
     fam = "[SPS]" if a.draft_model else ""
@@ -1030,7 +1038,7 @@ def bench_picture(a):
 
 def bench_probe_cost(a):
     s = Setup(a.model)
-    probe = s.probe
+    probe = s.need_probe("the probe's cost")
     ids = s.tok.prompt_ids(task_prompts("humaneval", 1)[0])
     res = s.run("AR", ids, a.tokens)
     step = statistics.median(x.seconds for x in res.steps)
@@ -1185,6 +1193,10 @@ def main():
         p.add_argument("--repeats", type=int, default=1,
                        help="interleaved rounds per prompt; each method's fastest round counts")
 
+    def draft(p):  # the SPS draft of a sweep over the default target; "none" for a target without one
+        p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", type=lambda s: None if s == "none" else s,
+                       help="the SPS draft (default qwen2.5-coder-0.5b; none: a target without one, e.g. smollm2-135m, for the experiments that can run without SPS rows)")
+
     p = sub.add_parser("ar", help="autoregressive tokens/s: ours vs transformers")
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
     p.add_argument("--prompts", type=int, default=3)
@@ -1199,7 +1211,7 @@ def main():
     common(p, 5, 128)
     p = sub.add_parser("neural", help="the gamma sweep of SPS and EAGLE-3")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--eagle", default=str(HERE / "models" / "eagle3-qwen2.5-coder-1.5b"))
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 6, 8])
     p.add_argument("--topk", type=int, nargs="+", help="the drafters' top-k per depth to sweep (greedy; "
@@ -1211,7 +1223,7 @@ def main():
     common(p, 2, 128)
     p = sub.add_parser("gate", help="SwitchSD's gate: a kappa x tau (x W) sweep beside PLD and SPS")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--gamma", type=int, help="SPS lookahead (default: drafters.SPSConfig.gamma)")
     p.add_argument("--kappas", type=int, nargs="+", default=[3, 4, 5])
     p.add_argument("--taus", type=float, nargs="+", help="default: the probe file's tau")
@@ -1258,7 +1270,7 @@ def main():
                    help="the paths the policy may take where the gate does not copy")
     p = sub.add_parser("trace", help="one prompt's steps, method by method: path, accepted tokens, seconds")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--task", default="cnndm", choices=list(NAMES))
     p.add_argument("--index", type=int, default=0, help="the task's prompt, from 0")
     p.add_argument("--tokens", type=int, default=128)
@@ -1266,7 +1278,7 @@ def main():
     p.add_argument("--methods", nargs="+", default=["PLD", "SwitchSD[SPS]", "SwitchSD[SPS] paper switch"])
     p = sub.add_parser("analysis", help="section 4.2: accepted lengths by probe state")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--gamma", type=int, default=4)
     common(p, 8, 128)
     p = sub.add_parser("prompts", help="write held-out task prompts as JSON lines (for probe.py eval)")
@@ -1274,7 +1286,7 @@ def main():
     common(p, 10, 0)
     p = sub.add_parser("picture", help="an SVG of one SwitchSD output coloured by path and by probe score")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--prompt-file")
     p.add_argument("--index", type=int, default=0, help="HumanEval problem, without --prompt-file")
     p.add_argument("--tokens", type=int, default=200)
@@ -1298,7 +1310,7 @@ def main():
                    help="how a pass's T tokens hang together (default: %(default)s)")
     p = sub.add_parser("kernels", help="AR and SwitchSD[SPS] with exact against fast kernels")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    draft(p)
     p.add_argument("--dtype", default="auto", choices=switchsd.DTYPES)
     p.add_argument("--out", help="folder for the results (default runs/)")
     common(p, 3, 128)

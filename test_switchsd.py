@@ -1853,6 +1853,23 @@ def test_bench_quick_smoke_run(tmp_path):
 # fetch.py: GGUF -> Hugging Face folder
 # ---------------------------------------------------------------------------------------
 
+def test_bench_ar_runs_and_sps_sweeps_refuse_no_draft(tmp_path):
+    """`bench.py ar` (ours against transformers) writes its table; an experiment with SPS rows
+    run with --draft-model none, or one that reads the probe run on a model without one, stops
+    with a one-line reason instead of a traceback."""
+    src = make_checkpoint(tmp_path / "t")
+    r = subprocess.run([sys.executable, str(HERE / "bench.py"), "ar", "--models", str(src), "--prompts", "1",
+                        "--tokens", "4"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"| {src} |" in (tmp_path / "runs" / "bench_ar.md").read_text()
+    for cmd, why in (("kernels", "this run has SPS rows and no SPS draft model: give --draft-model"),
+                     ("analysis", f"the section 4.2 analysis needs a probe for {src} (probes/<name>.safetensors)")):
+        r = subprocess.run([sys.executable, str(HERE / "bench.py"), cmd, "--model", str(src), "--draft-model", "none",
+                            "--tasks", "humaneval", "--prompts", "1", "--tokens", "4"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"bench.py: {why}"], r.stderr[-3000:]
+
+
 def test_bench_trace_prints_each_methods_steps(tmp_path, monkeypatch, capsys):
     import argparse
     import bench
