@@ -7,6 +7,7 @@ bf16: they must give a token the same logits in any pass.
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1882,7 +1883,8 @@ def test_bench_trace_prints_each_methods_steps(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("HumanEval prompt 0:") and [l.split(":")[0] for l in out[1::2]] == ["AR", "PLD", "SPS"]
     assert all(len(l.split()) >= 1 and all(w[0] in "acln" for w in l.split()) for l in out[2::2])
-    assert "ar 12 steps" in out[1] and "12 tokens" in out[1]  # AR: one token a step
+    tokens, steps = re.search(r"(\d+) tokens; ar (\d+) steps", out[1]).groups()
+    assert tokens == steps and 1 <= int(tokens) <= 12  # AR: one token a step (a random model may end early)
 
 
 def test_text_page_colours_every_path(tmp_path):
