@@ -142,7 +142,7 @@ class Setup:
         """The SPS draft model with its weights as `quant` ("int8", "none" or "auto"; None: the Setup's),
         loaded on first use."""
         if self.draft_folder is None:
-            raise SystemExit("bench.py: this run has SPS rows and no SPS draft model: give --draft-model")
+            sys.exit("bench.py: this run has SPS rows and no SPS draft model: give --draft-model")
         quant = switchsd.quant_of(quant or self.quant)
         if quant not in self.drafts:
             self.drafts[quant] = switchsd.load_draft(self.draft_folder, self.model, self.tok, self.dtype, "cpu", quant)
@@ -1018,21 +1018,21 @@ def bench_picture(a):
     was produced (copied, looked up, neural draft, the target's own), and the same text shaded by probe
     score with the true copy spans (Y=1) underlined."""
     s = Setup(a.model, draft=a.draft_model)
-    s.need_probe("the picture")
+    probe = s.need_probe("the picture")
     text = Path(a.prompt_file).read_text() if a.prompt_file else task_prompts("humaneval", a.index + 1)[a.index]
     ids = s.tok.prompt_ids(text)
     fam = "[SPS]" if a.draft_model else ""
     res = s.run(f"SwitchSD{fam}", ids, a.tokens)
     out = res.output_ids
     pieces = s.tok.pieces(out)
-    marks = data.copy_labels(ids + out, len(ids), s.probe.kappa).astype(bool).tolist()
+    marks = data.copy_labels(ids + out, len(ids), probe.kappa).astype(bool).tolist()
     name = Path(a.model).name
     stats = switchsd.summary(res)
     figures.text_page(f"runs/show_path_{name}.svg", pieces, switchsd.provenance(res), marks,
                       f"SwitchSD{fam} on {name}: {stats['mean_accepted']:.2f} tokens per target pass, "
                       f"copy on {100 * stats['copy_rate']:.0f}% of steps")
     figures.text_page(f"runs/show_probe_{name}.svg", pieces, res.probe_scores, marks,
-                      f"Probe score per token (layer {s.probe.layer}, tau {s.probe.tau:.2f}), {name}")
+                      f"Probe score per token (layer {probe.layer}, tau {probe.tau:.2f}), {name}")
     print(f"runs/show_path_{name}.svg, runs/show_probe_{name}.svg (docs/ keeps a copy of each)")
 
 
@@ -1195,7 +1195,8 @@ def main():
 
     def draft(p):  # the SPS draft of a sweep over the default target; "none" for a target without one
         p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", type=lambda s: None if s == "none" else s,
-                       help="the SPS draft (default qwen2.5-coder-0.5b; none: a target without one, e.g. smollm2-135m, for the experiments that can run without SPS rows)")
+                       help="the SPS draft (default qwen2.5-coder-0.5b; none: a target without one, "
+                       "e.g. smollm2-135m, for the experiments that can run without SPS rows)")
 
     p = sub.add_parser("ar", help="autoregressive tokens/s: ours vs transformers")
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])

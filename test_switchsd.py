@@ -1900,7 +1900,7 @@ def test_text_page_colours_every_path(tmp_path):
 
 
 def test_imports_go_one_way():
-    """Each module imports, at its top, only the modules below it in the layer order (the
+    """Each module imports, at its top, only the modules before it in the layer order (the
     README's code map) and the two leaves, which import none: no cycle, no import hidden in a
     function."""
     import ast
